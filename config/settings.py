@@ -1,0 +1,79 @@
+"""phasespec settings.
+
+Precedence: CLI flags > ``PHASESPEC_*`` environment variables > defaults.
+Nested sections use ``__`` in env names (``PHASESPEC_ENGINE__KV_CACHE_GIB``)
+and ``.`` on the command line (``--engine.kv_cache_gib``). Every flag that is
+not a phasespec setting is a ``vllm serve`` engine flag and goes to vLLM
+unchanged, so a ``vllm serve MODEL ...`` launch line becomes
+``phasespec --model MODEL ...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, CliUnknownArgs, SettingsConfigDict
+
+
+class ServerSettings(BaseModel):
+    """The HTTP side."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: str = "info"
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.lower()
+        if level not in {"debug", "info", "warning", "error", "critical"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return level
+
+
+class EngineSettings(BaseModel):
+    """The embedded engine. Anything vLLM itself configures is a vLLM flag."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    cache_dir: Path = Path("~/.cache/phasespec").expanduser()
+    """Where the embedded default model is prepared."""
+    kv_cache_gib: float = Field(default=2.0, gt=0)
+    """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE), unless that is set."""
+    default_thinking_budget: int | None = Field(default=None, ge=1)
+    """Reasoning tokens before vLLM forces the end of thinking, for requests
+    that set no ``thinking_token_budget``. The embedded model uses 48."""
+    hold_eos_while_thinking: bool | None = None
+    """Raise ``min_tokens`` to cover the default thinking budget, so a model
+    that would stop inside ``<think>`` reasons to the budget first. On by
+    default for the embedded model only (it never ends reasoning itself)."""
+
+
+class Settings(BaseSettings):
+    """phasespec: an OpenAI-compatible vLLM server with per-phase speculative
+    depth. Flags not listed here are `vllm serve` flags, passed to vLLM
+    unchanged (`phasespec --vllm-help` lists them)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PHASESPEC_",
+        env_nested_delimiter="__",
+        cli_prog_name="phasespec",
+        cli_ignore_unknown_args=True,
+        cli_kebab_case=False,
+        nested_model_default_partial_update=True,
+        use_attribute_docstrings=True,
+    )
+
+    model: str = ""
+    """Model path or name; empty serves the embedded default model."""
+    server: ServerSettings = ServerSettings()
+    engine: EngineSettings = EngineSettings()
+    vllm_args: CliUnknownArgs
+    """`vllm serve` flags passed through (from the CLI, or this env var as JSON)."""
+
+    @property
+    def uses_embedded_model(self) -> bool:
+        return not self.model

@@ -1,0 +1,1 @@
+"""engine: vLLM's AsyncLLM embedded in this process, with phasespec's hooks."""

@@ -1,0 +1,96 @@
+"""Turn phasespec settings into the argparse namespace `vllm serve` builds.
+
+vLLM's serving layer (``build_app``, ``init_app_state``) and its engine args
+are all driven by that namespace, so building it with vLLM's own parser is
+what keeps every ``vllm serve`` flag working unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from config import Settings
+from engine.default_model import MODEL_NAME, ensure_default_model
+
+# The embedded model's engine defaults. They come before the user's flags, so
+# any of them can be overridden by passing the same `vllm serve` flag.
+EMBEDDED_SPECULATIVE_CONFIG = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+EMBEDDED_REASONING_END = "\nOkay, I am done thinking.\n</think>\n\n"
+EMBEDDED_THINKING_BUDGET = 48
+
+# Flags that phasespec owns; given to vLLM they would be silently ignored.
+_OWNED_FLAGS = {"--host": "--server.host", "--port": "--server.port"}
+
+
+class SettingsError(ValueError):
+    """A setting or passed-through vLLM flag that cannot work."""
+
+
+def embedded_engine_flags() -> list[str]:
+    return [
+        "--enforce-eager",
+        "--max-model-len", "2048",
+        "--speculative-config", json.dumps(EMBEDDED_SPECULATIVE_CONFIG),
+        "--reasoning-parser", "deepseek_r1",
+        "--reasoning-config", json.dumps({"reasoning_end_str": EMBEDDED_REASONING_END}),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", "hermes",
+        "--served-model-name", MODEL_NAME,
+    ]  # fmt: skip
+
+
+def vllm_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser(prog="phasespec (vLLM engine flags)"))
+
+
+def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
+    """Parse the engine flags exactly as `vllm serve` would."""
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+    for flag in settings.vllm_args:
+        name = flag.split("=", 1)[0]
+        if name in _OWNED_FLAGS:
+            raise SettingsError(f"{name} is a phasespec setting: use {_OWNED_FLAGS[name]}")
+    if settings.uses_embedded_model:
+        model = str(ensure_default_model(settings.engine.cache_dir))
+        argv = ["--model", model, *embedded_engine_flags()]
+    else:
+        argv = ["--model", settings.model]
+    try:
+        args = vllm_parser().parse_args([*argv, *settings.vllm_args])
+    except SystemExit as exc:  # argparse already printed the reason
+        raise SettingsError(f"invalid vLLM flags: {settings.vllm_args}") from exc
+    args.host = settings.server.host
+    args.port = settings.server.port
+    validate_parsed_serve_args(args)
+    return args
+
+
+def apply_environment(settings: Settings) -> None:
+    """Process-wide settings vLLM reads from the environment, set before it starts."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{settings.engine.kv_cache_gib:g}")
+    # vLLM's CLI sets this too: the engine core must not fork a process that has
+    # already started threads (uvicorn, tokenizers).
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
+def default_thinking_budget(settings: Settings) -> int | None:
+    if settings.engine.default_thinking_budget is not None:
+        return settings.engine.default_thinking_budget
+    return EMBEDDED_THINKING_BUDGET if settings.uses_embedded_model else None
+
+
+def hold_eos_while_thinking(settings: Settings) -> bool:
+    if settings.engine.hold_eos_while_thinking is not None:
+        return settings.engine.hold_eos_while_thinking
+    return settings.uses_embedded_model

@@ -1,0 +1,38 @@
+"""The engine's life: created inside the app lifespan, shut down in ``finally``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import cast
+
+from engine.llm import PhasespecLLM, RequestDefaults
+
+
+@asynccontextmanager
+async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> AsyncIterator[PhasespecLLM]:
+    """Start vLLM's engine core (its own child process) and stop it on exit.
+
+    Mirrors ``vllm serve``'s ``build_async_engine_client_from_engine_args`` so
+    the engine sees the same configuration it would under ``vllm serve``.
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    usage = UsageContext.OPENAI_API_SERVER
+    vllm_config = engine_args.create_engine_config(usage_context=usage)
+    engine = cast(PhasespecLLM, PhasespecLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=usage,
+        enable_log_requests=engine_args.enable_log_requests,
+        aggregate_engine_logging=engine_args.aggregate_engine_logging,
+        disable_log_stats=engine_args.disable_log_stats,
+    ))
+    try:
+        engine.configure(defaults)
+        await engine.reset_mm_cache()
+        yield engine
+    finally:
+        engine.shutdown(timeout=vllm_config.shutdown_timeout)

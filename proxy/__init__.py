@@ -1,0 +1,1 @@
+"""proxy: phasespec's HTTP front end around vLLM's OpenAI serving layer."""

@@ -1,0 +1,78 @@
+"""The app factory: vLLM's OpenAI serving layer around phasespec's engine.
+
+vLLM's ``build_app`` gives the routes, error handlers and middleware that
+``vllm serve`` has. phasespec's own app mounts it, owns the lifespan (the
+engine is created here, in this process, and shut down when the app stops)
+and puts its middleware in front.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from config import Settings
+from engine.args import (
+    apply_environment,
+    build_vllm_namespace,
+    default_thinking_budget,
+    hold_eos_while_thinking,
+)
+from engine.llm import RequestDefaults
+from engine.runtime import open_engine
+from engine.vllm_compat import check_vllm_version
+from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings if settings is not None else Settings()
+    check_vllm_version()
+    apply_environment(settings)
+    args = build_vllm_namespace(settings)
+    _load_parser_plugins(args)
+
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    vllm_app = build_app(args, ("generate",), None)
+    defaults = RequestDefaults(
+        thinking_token_budget=default_thinking_budget(settings),
+        hold_eos_while_thinking=hold_eos_while_thinking(settings),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A mounted app's own lifespan never runs: start vLLM's from here,
+        # once its state (engine, OpenAI handlers) exists.
+        async with open_engine(args, defaults) as engine:
+            tasks = await engine.get_supported_tasks()
+            await init_app_state(engine, vllm_app.state, args, tasks)
+            app.state.engine = engine
+            async with vllm_app.router.lifespan_context(vllm_app):
+                yield
+
+    app = FastAPI(title="phasespec", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.settings = settings
+    app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content])
+    app.mount("/", vllm_app)
+    return app
+
+
+def _load_parser_plugins(args: argparse.Namespace) -> None:
+    """What ``vllm serve`` does before it starts: plugin parsers, then validation."""
+    from vllm.entrypoints.launchers.launcher import validate_api_server_args
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    if args.tool_parser_plugin:
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    if args.reasoning_parser_plugin:
+        ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
+    # vLLM fills structured_outputs_config.reasoning_parser when it builds the
+    # engine config; the check wants it now.
+    if args.reasoning_parser and not args.structured_outputs_config.reasoning_parser:
+        args.structured_outputs_config.reasoning_parser = args.reasoning_parser
+    validate_api_server_args(args)

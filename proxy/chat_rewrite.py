@@ -1,0 +1,101 @@
+"""Pure-ASGI middleware that edits chat-completion payloads on their way out.
+
+vLLM returns reasoning as ``reasoning``; many clients still read the older
+``reasoning_content``. Rather than fork vLLM's 1,300-line chat handler we copy
+the field in the serialized response: streamed events are edited one SSE
+event at a time (never re-chunked, so streaming latency is unchanged), and
+JSON bodies once, with Content-Length fixed up.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+Payload = dict[str, Any]
+PayloadEdit = Callable[[Payload], None]
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def alias_reasoning_content(payload: Payload) -> None:
+    """Add ``reasoning_content`` next to every ``reasoning`` vLLM wrote."""
+    for choice in payload.get("choices") or ():
+        for key in ("message", "delta"):
+            part = choice.get(key)
+            if isinstance(part, dict) and "reasoning" in part:
+                if key == "message" or part["reasoning"] is not None:
+                    part["reasoning_content"] = part["reasoning"]
+
+
+def _dump(payload: Payload) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def edit_sse_event(event: bytes, edits: list[PayloadEdit]) -> bytes:
+    """Edit one ``data: {...}`` event; anything else passes through as is."""
+    if not event.startswith(b"data: {"):
+        return event
+    payload = json.loads(event[6:])
+    for edit in edits:
+        edit(payload)
+    return b"data: " + _dump(payload)
+
+
+class ChatRewriteMiddleware:
+    """Apply payload edits to successful chat-completion responses."""
+
+    def __init__(self, app: ASGIApp, edits: list[PayloadEdit]) -> None:
+        self.app = app
+        self.edits = edits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != CHAT_PATH or not self.edits:
+            await self.app(scope, receive, send)
+            return
+        mode: str | None = None  # "sse", "json" or None (pass through)
+        start: Message | None = None
+        pending = b""
+
+        async def rewrite(message: Message) -> None:
+            nonlocal mode, start, pending
+            if message["type"] == "http.response.start":
+                content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+                if message["status"] == 200 and content_type.startswith(b"text/event-stream"):
+                    mode = "sse"
+                elif message["status"] == 200 and content_type.startswith(b"application/json"):
+                    mode, start = "json", message
+                    return  # sent with the body, once its length is known
+                await send(message)
+                return
+            if message["type"] != "http.response.body" or mode is None:
+                await send(message)
+                return
+            pending += message.get("body", b"")
+            more = message.get("more_body", False)
+            if mode == "json":
+                if more:
+                    return
+                body = _dump(self._edited(json.loads(pending))) if pending else pending
+                assert start is not None
+                headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**start, "headers": headers})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            *events, pending = pending.split(b"\n\n")
+            if not more and pending:
+                events.append(pending)
+                pending = b""
+            out = b"".join(edit_sse_event(e, self.edits) + b"\n\n" for e in events)
+            await send({"type": "http.response.body", "body": out, "more_body": more})
+
+        await self.app(scope, receive, rewrite)
+
+    def _edited(self, payload: Payload) -> Payload:
+        for edit in self.edits:
+            edit(payload)
+        return payload
