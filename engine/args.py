@@ -22,7 +22,9 @@ EMBEDDED_SPECULATIVE_CONFIG = {
     "prompt_lookup_max": 4,
     "prompt_lookup_min": 2,
 }
-EMBEDDED_REASONING_END = "\nOkay, I am done thinking.\n</think>\n\n"
+# It ends at </think>: tokens forced after it would fight structured output
+# (a named tool_choice's JSON grammar starts right after reasoning ends).
+EMBEDDED_REASONING_END = "\nOkay, I am done thinking.\n</think>"
 EMBEDDED_THINKING_BUDGET = 48
 
 # Flags that phasespec owns; given to vLLM they would be silently ignored.

@@ -19,7 +19,7 @@ from pathlib import Path
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "phasespec-smollm2-135m-think"
 # Bumped whenever the built directory's contents change, so old caches rebuild.
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 _MARKER = ".phasespec-complete"
 
 # Unused special tokens of the SmolLM2 tokenizer, renamed in place.
@@ -115,10 +115,11 @@ def _build(out: Path) -> None:
     _log("step 1/3: dequantizing GGUF weights")
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    config.torch_dtype = torch.float32
+    config.dtype = torch.bfloat16  # what vLLM's CPU engine runs it in
     # save_pretrained refuses a GGUF-quantized model: rebuild a plain one.
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(quantized.state_dict())
+    plain = plain.to(torch.bfloat16)
     _log("step 2/3: writing safetensors")
     plain.save_pretrained(out, safe_serialization=True)
     plain.generation_config.save_pretrained(out)

@@ -1,0 +1,144 @@
+"""The OpenAI API on the real engine, through the official ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        # vLLM pins argument schemas only for strict tools (--tool-strict-level auto).
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED_CHOICE: dict[str, Any] = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=120)
+
+
+def _chat(model: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 100,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def test_chat_returns_reasoning_then_answer(client: openai.OpenAI, model_name: str) -> None:
+    response = client.chat.completions.create(**_chat(model_name))
+    message = response.choices[0].message.model_dump()
+    assert message["reasoning"].strip()
+    assert message["reasoning_content"] == message["reasoning"]
+    assert message["content"].strip()
+    assert "</think>" not in message["content"]
+    assert response.usage is not None and response.usage.completion_tokens > 0
+
+
+def test_streamed_chat_has_both_parts_and_usage_matches_tokens(
+    client: openai.OpenAI, model_name: str
+) -> None:
+    stream = client.chat.completions.create(
+        **_chat(model_name, stream=True, stream_options={"include_usage": True}, logprobs=True)
+    )
+    reasoning, content, aliased, tokens, usage = [], [], [], 0, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta.model_dump()
+            reasoning.append(delta.get("reasoning") or "")
+            aliased.append(delta.get("reasoning_content") or "")
+            content.append(delta.get("content") or "")
+            if choice.logprobs and choice.logprobs.content:
+                tokens += len(choice.logprobs.content)
+    assert "".join(reasoning).strip()
+    assert "".join(aliased) == "".join(reasoning)
+    assert "".join(content).strip()
+    assert usage is not None
+    assert usage.completion_tokens == tokens
+
+
+def test_named_tool_choice_returns_parsed_call(client: openai.OpenAI, model_name: str) -> None:
+    response = client.chat.completions.create(
+        **_chat(model_name, max_tokens=150, tools=[WEATHER_TOOL], tool_choice=NAMED_CHOICE)
+    )
+    calls = response.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    assert set(json.loads(calls[0].function.arguments)) == {"city"}
+
+
+def test_named_tool_choice_streams_tool_call_deltas(client: openai.OpenAI, model_name: str) -> None:
+    stream = client.chat.completions.create(
+        **_chat(model_name, max_tokens=150, tools=[WEATHER_TOOL], tool_choice=NAMED_CHOICE, stream=True)
+    )
+    names, arguments = set(), []
+    for chunk in stream:
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or ():
+                if call.function and call.function.name:
+                    names.add(call.function.name)
+                if call.function and call.function.arguments:
+                    arguments.append(call.function.arguments)
+    assert names == {"get_weather"}
+    assert set(json.loads("".join(arguments))) == {"city"}
+
+
+def test_required_tool_choice_returns_a_call(client: openai.OpenAI, model_name: str) -> None:
+    response = client.chat.completions.create(
+        **_chat(model_name, max_tokens=150, tools=[WEATHER_TOOL], tool_choice="required")
+    )
+    calls = response.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, model_name: str) -> None:
+    assert [m.id for m in client.models.list()] == [model_name]
+
+
+def test_completions_endpoint_generates_text(client: openai.OpenAI, model_name: str) -> None:
+    response = client.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert response.choices[0].text
+    assert response.usage is not None and response.usage.completion_tokens == 8
+
+
+def test_unknown_model_is_an_openai_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(**_chat("no-such-model"))
+    body = info.value.body
+    assert isinstance(body, dict) and "no-such-model" in str(body.get("message", body))
+
+
+def test_health_is_ok(base_url: str) -> None:
+    assert httpx.get(f"{base_url}/health").status_code == 200
+
+
+def test_metrics_show_vllm_spec_decode_counters(base_url: str, client: openai.OpenAI, model_name: str) -> None:
+    client.chat.completions.create(**_chat(model_name, max_tokens=60))
+    text = httpx.get(f"{base_url}/metrics").text
+    drafted = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_draft_tokens_total{")
+    ]
+    assert drafted and sum(drafted) > 0
