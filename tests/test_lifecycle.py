@@ -36,4 +36,5 @@ def test_cli_settings_apply_and_sigterm_leaves_no_process(tmp_path: Path, model_
     # uvicorn re-raises the SIGTERM it handled once shutdown is complete.
     assert code in (0, -15), server.log_tail()
     assert "Application shutdown complete" in server.log_tail()
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [(p.pid, p.name()) for p in alive]
