@@ -38,6 +38,9 @@ class SettingsError(ValueError):
 def embedded_engine_flags() -> list[str]:
     return [
         "--enforce-eager",
+        # float32: greedy outputs do not depend on how many tokens a step verifies
+        # (bf16 logits shift with the batch shape and flip near-ties).
+        "--dtype", "float32",
         "--max-model-len", "2048",
         "--speculative-config", json.dumps(EMBEDDED_SPECULATIVE_CONFIG),
         "--reasoning-parser", "deepseek_r1",

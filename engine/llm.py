@@ -1,19 +1,28 @@
-"""PhasespecLLM: vLLM's AsyncLLM with phasespec's per-request defaults.
+"""PhasespecLLM: vLLM's AsyncLLM plus the per-request speculative-depth API.
 
 vLLM's serving layer only ever calls ``generate``; subclassing keeps every
 other ``EngineClient`` method vLLM's own, so the OpenAI handlers see exactly
-the engine ``vllm serve`` would give them.
+the engine ``vllm serve`` would give them. The depth API (``set_spec_depth``,
+``spec_stats``) talks to the hook in the engine-core process (engine/hook.py)
+through vLLM's utility calls.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
+
+from engine.hook import EXTRA_KEY
+from engine.spec_stats import DEFAULT_PHASE, validate_depth
+
+logger = logging.getLogger("phasespec.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,10 +33,22 @@ class RequestDefaults:
     hold_eos_while_thinking: bool = False
 
 
+@dataclass(slots=True)
+class SpecRequest:
+    """A request's speculative settings at submission, and its final counters."""
+
+    depth: int | None = None
+    """Initial depth (None: K)."""
+    phase: str = DEFAULT_PHASE
+    trace: bool = False
+    """Record every verify step (engine step, drafted, accepted, phase)."""
+    final: dict[str, Any] | None = field(default=None)
+    """Per-phase counters, filled in when the request finishes."""
+
+
 def with_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_end_len: int) -> SamplingParams:
-    """A copy of ``params`` with the server's reasoning defaults filled in."""
-    budget = params.thinking_token_budget
-    if budget is not None or defaults.thinking_token_budget is None:
+    """``params`` (copied if changed) with the server's reasoning defaults filled in."""
+    if params.thinking_token_budget is not None or defaults.thinking_token_budget is None:
         return params
     params = params.clone()
     params.thinking_token_budget = defaults.thinking_token_budget
@@ -38,27 +59,93 @@ def with_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_e
     return params
 
 
+def with_spec_meta(params: SamplingParams, request_id: str, spec: SpecRequest, max_depth: int) -> SamplingParams:
+    """A copy of ``params`` carrying the depth hook's metadata to the scheduler."""
+    depth = max_depth if spec.depth is None else validate_depth(spec.depth, max_depth)
+    params = params.clone()
+    meta = {"group": request_id, "depth": depth, "phase": spec.phase, "trace": spec.trace}
+    params.extra_args = {**(params.extra_args or {}), EXTRA_KEY: meta}
+    return params
+
+
 class PhasespecLLM(AsyncLLM):
-    """AsyncLLM whose ``generate`` applies phasespec's request defaults."""
+    """AsyncLLM with request defaults and per-request speculative depth."""
 
     request_defaults: RequestDefaults = RequestDefaults()
+    _reasoning_end_len: int = 0
 
     def configure(self, defaults: RequestDefaults) -> None:
         reasoning = self.vllm_config.reasoning_config
         if defaults.thinking_token_budget is not None and (reasoning is None or not reasoning.enabled):
-            # vLLM rejects a budget without a reasoning config; so do we, at startup.
             raise ValueError("a default thinking budget needs --reasoning-parser (and --reasoning-config)")
         self.request_defaults = defaults
         end_ids = reasoning.reasoning_end_token_ids if reasoning is not None else None
         self._reasoning_end_len = len(end_ids or ())
+        self._cleanup_tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def max_spec_depth(self) -> int:
+        """K: the engine's ``num_speculative_tokens`` (0 without speculation)."""
+        spec = self.vllm_config.speculative_config
+        return int(spec.num_speculative_tokens or 0) if spec is not None else 0
 
     async def generate(  # type: ignore[override]
         self,
         prompt: Any,
         sampling_params: SamplingParams,
         request_id: str,
+        *,
+        spec: SpecRequest | None = None,
         **kwargs: Any,
     ) -> AsyncGenerator[RequestOutput, None]:
-        params = with_defaults(sampling_params, self.request_defaults, getattr(self, "_reasoning_end_len", 0))
-        async for output in super().generate(prompt, params, request_id, **kwargs):
-            yield output
+        spec = spec if spec is not None else SpecRequest()
+        params = with_defaults(sampling_params, self.request_defaults, self._reasoning_end_len)
+        tracked = self.max_spec_depth > 0
+        if tracked:
+            params = with_spec_meta(params, request_id, spec, self.max_spec_depth)
+        finished = False
+        try:
+            async for output in super().generate(prompt, params, request_id, **kwargs):
+                if output.finished and tracked:
+                    finished = True
+                    spec.final = await self.pop_spec_stats(request_id)
+                yield output
+        finally:
+            if tracked and not finished:
+                # Aborted (client gone, error): the hook moved its counters to
+                # the finished mailbox when vLLM freed the request; drop them.
+                task = asyncio.get_running_loop().create_task(self.pop_spec_stats(request_id))
+                self._cleanup_tasks.add(task)
+                task.add_done_callback(self._cleanup_tasks.discard)
+
+    async def set_spec_depth(self, request_id: str, depth: int, phase: str | None = None) -> bool:
+        """Set a running request's depth from the next engine step on.
+
+        Returns False (and logs) for an unknown or finished request; raises
+        ``DepthError`` for a depth outside 0..K.
+        """
+        validate_depth(depth, self.max_spec_depth)
+        applied = any(await self._utility("phasespec_set_depth", request_id, depth, phase))
+        if not applied:
+            logger.info("set_spec_depth: no running request %s (finished or unknown)", request_id)
+        return applied
+
+    async def spec_stats(self, request_id: str) -> dict[str, Any] | None:
+        """Per-phase counters of a running (or finished, unread) request."""
+        return next((r for r in await self._utility("phasespec_stats", request_id) if r), None)
+
+    async def pop_spec_stats(self, request_id: str) -> dict[str, Any] | None:
+        return next((r for r in await self._utility("phasespec_pop_stats", request_id) if r), None)
+
+    async def spec_hook_state(self) -> dict[str, int]:
+        """How many requests the hook holds state for, summed over engine ranks."""
+        totals: dict[str, int] = {}
+        for sizes in await self._utility("phasespec_hook_state"):
+            for key, n in sizes.items():
+                totals[key] = totals.get(key, 0) + n
+        return totals
+
+    async def _utility(self, method: str, *args: Any) -> list[Any]:
+        # Under data parallelism a request lives on one rank; the call goes to
+        # every rank and only the one holding the request applies it.
+        return list(await self.engine_core.call_utility_all_async(method, *args))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import cast
+from typing import Any, cast
 
+from engine.hook import scheduler_class
 from engine.llm import PhasespecLLM, RequestDefaults
 
 
@@ -23,6 +24,7 @@ async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> As
     engine_args = AsyncEngineArgs.from_cli_args(args)
     usage = UsageContext.OPENAI_API_SERVER
     vllm_config = engine_args.create_engine_config(usage_context=usage)
+    install_depth_hook(vllm_config)
     engine = cast(PhasespecLLM, PhasespecLLM.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=usage,
@@ -36,3 +38,17 @@ async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> As
         yield engine
     finally:
         engine.shutdown(timeout=vllm_config.shutdown_timeout)
+
+
+def install_depth_hook(vllm_config: Any) -> None:
+    """Make vLLM build phasespec's scheduler (engine/hook.py) in the engine core.
+
+    Naming a scheduler class stops vLLM from picking its async scheduler by
+    itself, so the hook's twin is chosen from the resolved setting.
+    """
+    sched = vllm_config.scheduler_config
+    if sched.scheduler_cls is not None:
+        raise ValueError(
+            f"--scheduler-cls {sched.scheduler_cls!r} cannot be combined with phasespec's depth hook"
+        )
+    sched.scheduler_cls = scheduler_class(bool(sched.async_scheduling))

@@ -23,7 +23,7 @@ from engine.args import (
 )
 from engine.llm import RequestDefaults
 from engine.runtime import open_engine
-from engine.vllm_compat import check_vllm_version
+from engine.hook import check_vllm_version
 from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from config import Settings
-from engine.vllm_compat import VllmVersionError, check_vllm_version
+from engine.hook import VllmVersionError, check_vllm_version
 from proxy.chat_rewrite import alias_reasoning_content, edit_sse_event
 
 

@@ -1,0 +1,197 @@
+"""Per-request speculative-decoding counters, split by phase tag.
+
+Pure bookkeeping (no vLLM imports): the engine hook feeds it exactly the
+numbers vLLM feeds its own Prometheus counters, so per-request sums equal
+``vllm:spec_decode_num_draft_tokens`` / ``_num_accepted_tokens``.
+
+Definitions follow vLLM: a *verify step* is a step that verified at least one
+draft token (vLLM's ``num_drafts``); *accepted* excludes the bonus token;
+acceptance rate = accepted / drafted; mean acceptance length = 1 +
+accepted / steps (it includes the bonus token).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PHASE = "default"
+
+
+class DepthError(ValueError):
+    """A speculative depth outside 0..K."""
+
+
+def validate_depth(depth: int, max_depth: int) -> int:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= max_depth:
+        raise DepthError(f"speculative depth must be an integer in 0..{max_depth}, got {depth!r}")
+    return depth
+
+
+@dataclass(slots=True)
+class PhaseCounters:
+    """Counters of one request in one phase."""
+
+    max_depth: int
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    steps_by_drafted: list[int] = field(default_factory=list)
+    """steps_by_drafted[n]: verify steps that checked exactly n draft tokens."""
+
+    def __post_init__(self) -> None:
+        self.accepted_per_pos = self.accepted_per_pos or [0] * self.max_depth
+        self.steps_by_drafted = self.steps_by_drafted or [0] * (self.max_depth + 1)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for pos in range(min(accepted, self.max_depth)):
+            self.accepted_per_pos[pos] += 1
+        self.steps_by_drafted[min(drafted, self.max_depth)] += 1
+
+    def merge(self, other: PhaseCounters) -> None:
+        self.steps += other.steps
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for pos, n in enumerate(other.accepted_per_pos):
+            self.accepted_per_pos[pos] += n
+        for n_drafts, n in enumerate(other.steps_by_drafted):
+            self.steps_by_drafted[n_drafts] += n
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "steps_by_drafted": list(self.steps_by_drafted),
+        }
+
+
+@dataclass(slots=True)
+class RequestLedger:
+    """One engine request's depth and counters."""
+
+    group: str
+    depth: int
+    phase: str
+    max_depth: int
+    phases: dict[str, PhaseCounters] = field(default_factory=dict)
+    depth_log: list[tuple[int, int, str]] = field(default_factory=list)
+    """(engine step, depth, phase) at submission and at every change."""
+    trace: list[tuple[int, int, int, str]] | None = None
+    """(engine step, drafted, accepted, phase) per verify step, when asked for."""
+
+    def observe(self, step: int, drafted: int, accepted: int) -> None:
+        counters = self.phases.get(self.phase)
+        if counters is None:
+            counters = self.phases[self.phase] = PhaseCounters(self.max_depth)
+        counters.observe(drafted, accepted)
+        if self.trace is not None:
+            self.trace.append((step, drafted, accepted, self.phase))
+
+
+def summarize(ledgers: list[RequestLedger]) -> dict[str, Any]:
+    """What callers read: per-phase counters (children of an n>1 request summed)."""
+    first = ledgers[0]
+    phases: dict[str, PhaseCounters] = {}
+    for ledger in ledgers:
+        for name, counters in ledger.phases.items():
+            phases.setdefault(name, PhaseCounters(first.max_depth)).merge(counters)
+    summary: dict[str, Any] = {
+        "depth": first.depth,
+        "phase": first.phase,
+        "phases": {name: c.as_dict() for name, c in phases.items()},
+        "depth_log": [list(entry) for entry in first.depth_log],
+    }
+    if first.trace is not None:
+        summary["trace"] = [list(entry) for ledger in ledgers for entry in ledger.trace or ()]
+    return summary
+
+
+class SpecLedger:
+    """All live requests' depths and counters, plus a bounded mailbox of finished ones.
+
+    Requests are addressed by *group*: the id the front end submitted under.
+    vLLM's engine-side ids add a random suffix (and n>1 requests have several
+    children), so the group is what a caller can name.
+    """
+
+    def __init__(self, max_depth: int, finished_cap: int = 1024) -> None:
+        self.max_depth = max_depth
+        self.finished_cap = finished_cap
+        self._live: dict[str, RequestLedger] = {}
+        self._groups: dict[str, list[str]] = {}
+        self._finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._finishing: dict[str, list[RequestLedger]] = {}
+
+    def register(self, engine_id: str, group: str, depth: int, phase: str, step: int, trace: bool) -> None:
+        ledger = RequestLedger(group, validate_depth(depth, self.max_depth), phase, self.max_depth)
+        ledger.depth_log.append((step, ledger.depth, phase))
+        if trace:
+            ledger.trace = []
+        self._live[engine_id] = ledger
+        self._groups.setdefault(group, []).append(engine_id)
+
+    def depth_of(self, engine_id: str) -> int | None:
+        ledger = self._live.get(engine_id)
+        return ledger.depth if ledger is not None else None
+
+    def live_depths(self) -> list[int]:
+        return [ledger.depth for ledger in self._live.values()]
+
+    def set_depth(self, group: str, depth: int, phase: str | None, step: int) -> bool:
+        """Apply to every live request of the group; False if there is none."""
+        validate_depth(depth, self.max_depth)
+        members = self._groups.get(group)
+        if not members:
+            return False
+        for engine_id in members:
+            ledger = self._live[engine_id]
+            ledger.depth = depth
+            ledger.phase = phase if phase is not None else ledger.phase
+            ledger.depth_log.append((step, depth, ledger.phase))
+        return True
+
+    def observe(self, engine_id: str, step: int, drafted: int, accepted: int) -> None:
+        ledger = self._live.get(engine_id)
+        if ledger is not None:
+            ledger.observe(step, drafted, accepted)
+
+    def snapshot(self, group: str) -> dict[str, Any] | None:
+        members = self._groups.get(group)
+        if members:
+            return summarize([self._live[e] for e in members] + self._finishing.get(group, []))
+        return self._finished.get(group)
+
+    def finish(self, engine_id: str) -> None:
+        """The engine freed this request (finished or aborted)."""
+        ledger = self._live.pop(engine_id, None)
+        if ledger is None:
+            return
+        members = self._groups[ledger.group]
+        members.remove(engine_id)
+        done = [*self._finishing.pop(ledger.group, []), ledger]
+        if members:
+            self._finishing[ledger.group] = done
+            return
+        del self._groups[ledger.group]
+        self._finished[ledger.group] = summarize(done)
+        while len(self._finished) > self.finished_cap:
+            self._finished.popitem(last=False)
+
+    def pop(self, group: str) -> dict[str, Any] | None:
+        """Final counters of a finished request, removed from the mailbox."""
+        return self._finished.pop(group, None)
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "live": len(self._live),
+            "groups": len(self._groups),
+            "finishing": len(self._finishing),
+            "finished_unread": len(self._finished),
+        }

@@ -1,0 +1,198 @@
+"""The per-request depth hook on the real engine (embedded model, ngram K=3)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from engine.llm import PhasespecLLM, SpecRequest
+from engine.spec_stats import DepthError
+from tests.engine_fixture import engine_context, run
+from tests.prompts import copy_prompt
+
+K = 3
+N_PROMPTS = 10
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def engine() -> AsyncIterator[PhasespecLLM]:
+    async with engine_context() as llm:
+        assert llm.max_spec_depth == K
+        yield llm
+
+
+def max_drafted(final: dict[str, Any]) -> int:
+    """The largest number of drafts any verify step of the request checked."""
+    largest = 0
+    for counters in final["phases"].values():
+        for n_drafts, steps in enumerate(counters["steps_by_drafted"]):
+            if steps:
+                largest = max(largest, n_drafts)
+    return largest
+
+
+def total(final: dict[str, Any], key: str) -> int:
+    return sum(int(c[key]) for c in final["phases"].values())
+
+
+def switch_after(engine: PhasespecLLM, request_id: str, n_tokens: int, depth: int) -> Any:
+    done = False
+
+    async def on_tokens(n: int) -> None:
+        nonlocal done
+        if not done and n >= n_tokens:
+            done = True
+            assert await engine.set_spec_depth(request_id, depth, "after")
+
+    return on_tokens
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_greedy_output_is_identical_at_every_depth_and_after_a_switch(engine: PhasespecLLM) -> None:
+    for i in range(N_PROMPTS):
+        text = copy_prompt(i)
+        outputs = {}
+        for depth in (0, 1, K):
+            result = await run(engine, text, f"same-{i}-{depth}", SpecRequest(depth=depth))
+            assert result.spec.final is not None
+            assert max_drafted(result.spec.final) <= depth
+            outputs[depth] = result.token_ids
+        switched = await run(
+            engine, text, f"same-{i}-switch", SpecRequest(depth=1), on_tokens=switch_after(engine, f"same-{i}-switch", 8, K)
+        )
+        assert outputs[0] == outputs[1] == outputs[K] == switched.token_ids, f"prompt {i}"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_depth_zero_verifies_no_drafts(engine: PhasespecLLM) -> None:
+    result = await run(engine, copy_prompt(0), "zero", SpecRequest(depth=0))
+    assert result.spec.final is not None
+    assert total(result.spec.final, "drafted") == 0
+    assert total(result.spec.final, "steps") == 0
+    reference = await run(engine, copy_prompt(0), "zero-ref", SpecRequest(depth=K))
+    assert reference.spec.final is not None and total(reference.spec.final, "drafted") > 0
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_lowering_depth_lands_at_the_next_step(engine: PhasespecLLM) -> None:
+    rid = "lower"
+    result = await run(engine, copy_prompt(1), rid, SpecRequest(depth=K, trace=True), on_tokens=switch_after(engine, rid, 8, 1))
+    final = result.spec.final
+    assert final is not None
+    (applied_step, _, _), = [entry for entry in final["depth_log"] if entry[1] == 1 and entry[2] == "after"]
+    before = [t for t in final["trace"] if t[0] <= applied_step]
+    after = [t for t in final["trace"] if t[0] > applied_step]
+    assert before and after, final
+    assert max(t[1] for t in before) > 1, "the copy prompt should draft more than one token at depth 3"
+    assert max(t[1] for t in after) <= 1
+    assert {t[3] for t in after} == {"after"}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_raising_depth_lands_within_one_step(engine: PhasespecLLM) -> None:
+    rid = "raise"
+    result = await run(engine, copy_prompt(2), rid, SpecRequest(depth=1, trace=True), on_tokens=switch_after(engine, rid, 8, K))
+    final = result.spec.final
+    assert final is not None
+    (applied_step, _, _), = [entry for entry in final["depth_log"] if entry[2] == "after"]
+    assert max((t[1] for t in final["trace"] if t[0] <= applied_step), default=0) <= 1
+    # The drafts for step applied+1 were proposed before the call arrived, at the
+    # batch's old drafting count; from applied+2 on the drafter proposes K.
+    later = [t[1] for t in final["trace"] if t[0] >= applied_step + 2]
+    assert later and max(later) > 1
+    assert max(t[1] for t in final["trace"]) <= K
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_mixed_depths_share_one_batch(engine: PhasespecLLM) -> None:
+    depths = [0, 1, 2, 3]
+    runs = await asyncio.gather(
+        *(run(engine, copy_prompt(i), f"mixed-{d}", SpecRequest(depth=d, trace=True), max_tokens=64) for i, d in enumerate(depths))
+    )
+    step_ranges = []
+    for depth, result in zip(depths, runs, strict=True):
+        final = result.spec.final
+        assert final is not None
+        assert max_drafted(final) <= depth
+        steps = [t[0] for t in final["trace"]]
+        if depth == 0:
+            assert not steps
+        else:
+            assert max_drafted(final) == depth, "copy prompts reach the full depth"
+            step_ranges.append((min(steps), max(steps)))
+    # The requests really ran together: their verify steps overlap.
+    assert max(lo for lo, _ in step_ranges) < min(hi for _, hi in step_ranges)
+
+
+def _prometheus(name: str) -> float:
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    value = 0.0
+    for metric in get_prometheus_registry().collect():
+        for sample in metric.samples:
+            if sample.name == name:
+                value += sample.value
+    return value
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_per_request_counts_sum_to_vllm_prometheus_counters(engine: PhasespecLLM) -> None:
+    names = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+    before = [_prometheus(n) for n in names]
+    runs = await asyncio.gather(
+        *(run(engine, copy_prompt(i), f"sum-{i}", SpecRequest(depth=i % (K + 1))) for i in range(8))
+    )
+    finals = [r.spec.final for r in runs]
+    assert all(f is not None for f in finals)
+    ours = [sum(total(f, key) for f in finals if f) for key in ("drafted", "accepted")]
+    assert ours[0] > 0
+    for _ in range(50):  # vLLM records a step's stats just after handing out its outputs
+        deltas = [_prometheus(n) - b for n, b in zip(names, before, strict=True)]
+        if deltas == ours:
+            break
+        await asyncio.sleep(0.1)
+    assert deltas == ours
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_counters_are_freed_after_finish_and_abort(engine: PhasespecLLM) -> None:
+    await run(engine, copy_prompt(3), "freed-finish", SpecRequest(depth=2))
+    assert await engine.spec_stats("freed-finish") is None
+
+    async def abandon() -> None:
+        async for output in engine.generate(
+            *_abort_args(engine), "freed-abort", spec=SpecRequest(depth=2)
+        ):
+            if len(output.outputs[0].token_ids) >= 4:
+                assert await engine.spec_stats("freed-abort") is not None
+                break  # closing the generator aborts the request
+
+    await abandon()
+    for _ in range(50):
+        state = await engine.spec_hook_state()
+        if not any(state.values()):
+            break
+        await asyncio.sleep(0.1)
+    assert state == {"live": 0, "groups": 0, "finishing": 0, "finished_unread": 0}
+    assert engine.output_processor.get_num_unfinished_requests() == 0
+
+
+def _abort_args(engine: PhasespecLLM) -> tuple[Any, Any]:
+    from vllm.sampling_params import SamplingParams
+
+    from tests.engine_fixture import chat_prompt
+
+    return chat_prompt(engine, copy_prompt(4)), SamplingParams(temperature=0.0, max_tokens=200)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_unknown_request_is_a_no_op_and_bad_depth_an_error(engine: PhasespecLLM) -> None:
+    assert await engine.set_spec_depth("no-such-request", 1) is False
+    assert await engine.spec_stats("no-such-request") is None
+    for bad in (-1, K + 1):
+        with pytest.raises(DepthError, match="0..3"):
+            await engine.set_spec_depth("no-such-request", bad)
