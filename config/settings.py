@@ -52,6 +52,21 @@ class EngineSettings(BaseModel):
     default for the embedded model only (it never ends reasoning itself)."""
 
 
+class PhaseSettings(BaseModel):
+    """Per-phase speculative depth (clamped to 0..K). ``None``: K."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    switching: bool = True
+    """Switch each request's depth as its phase changes; off runs everyone at K."""
+    reasoning: int | None = Field(default=1, ge=0)
+    """Depth while the model reasons (inside <think>)."""
+    answer: int | None = Field(default=2, ge=0)
+    """Depth in the final answer."""
+    tool_call: int | None = Field(default=None, ge=0)
+    """Depth inside a tool call (None: K)."""
+
+
 class Settings(BaseSettings):
     """phasespec: an OpenAI-compatible vLLM server with per-phase speculative
     depth. Flags not listed here are `vllm serve` flags, passed to vLLM
@@ -71,6 +86,7 @@ class Settings(BaseSettings):
     """Model path or name; empty serves the embedded default model."""
     server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
+    phases: PhaseSettings = PhaseSettings()
     vllm_args: CliUnknownArgs
     """`vllm serve` flags passed through (from the CLI, or this env var as JSON)."""
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from engine.hook import EXTRA_KEY
@@ -46,6 +46,20 @@ class SpecRequest:
     """Per-phase counters, filled in when the request finishes."""
 
 
+class OutputObserver(Protocol):
+    """Watches one request's outputs and steers its depth (proxy/observer.py)."""
+
+    def start(self) -> SpecRequest: ...
+
+    def on_output(self, output: RequestOutput) -> tuple[int, str] | None:
+        """(depth, phase) when the request's depth must change."""
+
+    def finish(self, spec_stats: dict[str, Any] | None, aborted: bool) -> Any: ...
+
+
+ObserverFactory = Callable[[str, SamplingParams, "bool | None"], OutputObserver]
+
+
 def with_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_end_len: int) -> SamplingParams:
     """``params`` (copied if changed) with the server's reasoning defaults filled in."""
     if params.thinking_token_budget is not None or defaults.thinking_token_budget is None:
@@ -72,6 +86,7 @@ class PhasespecLLM(AsyncLLM):
     """AsyncLLM with request defaults and per-request speculative depth."""
 
     request_defaults: RequestDefaults = RequestDefaults()
+    observer_factory: ObserverFactory | None = None
     _reasoning_end_len: int = 0
 
     def configure(self, defaults: RequestDefaults) -> None:
@@ -98,25 +113,50 @@ class PhasespecLLM(AsyncLLM):
         spec: SpecRequest | None = None,
         **kwargs: Any,
     ) -> AsyncGenerator[RequestOutput, None]:
+        observer = None
+        if spec is None and self.observer_factory is not None:
+            observer = self.observer_factory(request_id, sampling_params, kwargs.get("reasoning_ended"))
+            spec = observer.start()
         spec = spec if spec is not None else SpecRequest()
         params = with_defaults(sampling_params, self.request_defaults, self._reasoning_end_len)
         tracked = self.max_spec_depth > 0
         if tracked:
             params = with_spec_meta(params, request_id, spec, self.max_spec_depth)
+        # A non-streaming request is watched step by step too: ask vLLM for
+        # deltas and hand the caller one merged final output, as FINAL_ONLY would.
+        merge = observer is not None and params.output_kind == RequestOutputKind.FINAL_ONLY
+        if merge:
+            params = params.clone()
+            params.output_kind = RequestOutputKind.DELTA
+        merged: RequestOutput | None = None
         finished = False
         try:
             async for output in super().generate(prompt, params, request_id, **kwargs):
-                if output.finished and tracked:
+                change = observer.on_output(output) if observer is not None else None
+                if output.finished:
                     finished = True
-                    spec.final = await self.pop_spec_stats(request_id)
+                    if tracked:
+                        spec.final = await self.pop_spec_stats(request_id)
+                    if observer is not None:
+                        observer.finish(spec.final, aborted=False)
+                elif change is not None and tracked:
+                    await self.set_spec_depth(request_id, *change)
+                if merge:
+                    merged = _merge(merged, output)
+                    if not output.finished:
+                        continue
+                    output = merged
                 yield output
         finally:
-            if tracked and not finished:
-                # Aborted (client gone, error): the hook moved its counters to
-                # the finished mailbox when vLLM freed the request; drop them.
-                task = asyncio.get_running_loop().create_task(self.pop_spec_stats(request_id))
-                self._cleanup_tasks.add(task)
-                task.add_done_callback(self._cleanup_tasks.discard)
+            if not finished:
+                if observer is not None:
+                    observer.finish(None, aborted=True)
+                if tracked:
+                    # Aborted (client gone, error): the hook moved its counters to
+                    # the finished mailbox when vLLM freed the request; drop them.
+                    task = asyncio.get_running_loop().create_task(self.pop_spec_stats(request_id))
+                    self._cleanup_tasks.add(task)
+                    task.add_done_callback(self._cleanup_tasks.discard)
 
     async def set_spec_depth(self, request_id: str, depth: int, phase: str | None = None) -> bool:
         """Set a running request's depth from the next engine step on.
@@ -149,3 +189,12 @@ class PhasespecLLM(AsyncLLM):
         # Under data parallelism a request lives on one rank; the call goes to
         # every rank and only the one holding the request applies it.
         return list(await self.engine_core.call_utility_all_async(method, *args))
+
+
+def _merge(merged: RequestOutput | None, delta: RequestOutput) -> RequestOutput:
+    """Accumulate delta outputs into one, as vLLM's FINAL_ONLY output would read."""
+    if merged is None:
+        return delta
+    merged.add(delta, aggregate=True)
+    merged.metrics = delta.metrics or merged.metrics
+    return merged

@@ -24,7 +24,11 @@ from engine.args import (
 from engine.llm import RequestDefaults
 from engine.runtime import open_engine
 from engine.hook import check_vllm_version
-from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content
+from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats
+from proxy.observer import ObserverFactory, StatsBoard
+from proxy.overrides import OverrideMiddleware
+from proxy.phases import markers_from_vllm
+from proxy.policy import PhaseDepths
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -43,11 +47,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hold_eos_while_thinking=hold_eos_while_thinking(settings),
     )
 
+    board = StatsBoard()
+    max_depth = 0
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        nonlocal max_depth
         # A mounted app's own lifespan never runs: start vLLM's from here,
         # once its state (engine, OpenAI handlers) exists.
         async with open_engine(args, defaults) as engine:
+            max_depth = engine.max_spec_depth
+            engine.observer_factory = ObserverFactory(
+                model=args.served_model_name[0] if args.served_model_name else args.model,
+                markers=markers_from_vllm(engine.vllm_config, engine.get_tokenizer(), args.tool_call_parser),
+                depths=phase_depths(settings),
+                max_depth=max_depth,
+                board=board,
+            )
             tasks = await engine.get_supported_tasks()
             await init_app_state(engine, vllm_app.state, args, tasks)
             app.state.engine = engine
@@ -56,9 +72,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="phasespec", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.settings = settings
-    app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content])
+    app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content, attach_stats(board)])
+    app.add_middleware(OverrideMiddleware, max_depth=lambda: max_depth)
     app.mount("/", vllm_app)
     return app
+
+
+def phase_depths(settings: Settings) -> PhaseDepths | None:
+    phases = settings.phases
+    if not phases.switching:
+        return None
+    return PhaseDepths(reasoning=phases.reasoning, answer=phases.answer, tool_call=phases.tool_call)
 
 
 def _load_parser_plugins(args: argparse.Namespace) -> None:

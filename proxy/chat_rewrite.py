@@ -1,4 +1,4 @@
-"""Pure-ASGI middleware that edits chat-completion payloads on their way out.
+"""Pure-ASGI middleware that edits (chat) completion payloads on their way out.
 
 vLLM returns reasoning as ``reasoning``; many clients still read the older
 ``reasoning_content``. Rather than fork vLLM's 1,300-line chat handler we copy
@@ -15,10 +15,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.observer import StatsBoard
+
 Payload = dict[str, Any]
 PayloadEdit = Callable[[Payload], None]
 
-CHAT_PATH = "/v1/chat/completions"
+PATHS = ("/v1/chat/completions", "/v1/completions")
 
 
 def alias_reasoning_content(payload: Payload) -> None:
@@ -29,6 +31,23 @@ def alias_reasoning_content(payload: Payload) -> None:
             if isinstance(part, dict) and "reasoning" in part:
                 if key == "message" or part["reasoning"] is not None:
                     part["reasoning_content"] = part["reasoning"]
+
+
+def attach_stats(board: StatsBoard) -> PayloadEdit:
+    """Put a finished request's phase report (if the client asked) into the
+    payload that ends it: the usage chunk of a stream, or the response."""
+
+    def edit(payload: Payload) -> None:
+        request_id = payload.get("id")
+        if not isinstance(request_id, str) or not len(board):
+            return
+        choices = payload.get("choices") or ()
+        is_last = any(c.get("finish_reason") for c in choices)
+        report = board.take(request_id, payload.get("usage") is not None, is_last)
+        if report is not None:
+            payload["phasespec"] = report
+
+    return edit
 
 
 def _dump(payload: Payload) -> bytes:
@@ -53,11 +72,11 @@ class ChatRewriteMiddleware:
         self.edits = edits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != CHAT_PATH or not self.edits:
+        if scope["type"] != "http" or scope["path"] not in PATHS or not self.edits:
             await self.app(scope, receive, send)
             return
         mode: str | None = None  # "sse", "json" or None (pass through)
-        start: Message | None = None
+        start: Message = {}
         pending = b""
 
         async def rewrite(message: Message) -> None:
@@ -80,7 +99,6 @@ class ChatRewriteMiddleware:
                 if more:
                     return
                 body = _dump(self._edited(json.loads(pending))) if pending else pending
-                assert start is not None
                 headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
                 headers.append((b"content-length", str(len(body)).encode()))
                 await send({**start, "headers": headers})

@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> None:
         vllm_parser().print_help()
         return
     settings = Settings(_cli_parse_args=argv)
+    from proxy.logs import configure_logging
+
+    log_config = configure_logging(settings.server.log_level)  # before vLLM is imported
 
     from engine.args import SettingsError
     from proxy.app import create_app
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         host=settings.server.host,
         port=settings.server.port,
         log_level=settings.server.log_level,
+        log_config=log_config,
         timeout_graceful_shutdown=10,
     )
 

@@ -32,3 +32,14 @@ def model_name() -> str:
 @pytest.fixture(scope="session")
 def server_log(server: ServerProcess) -> Path:
     return server.log_path
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer() -> object:
+    """The embedded model's tokenizer (builds the model directory if needed)."""
+    from transformers import AutoTokenizer
+
+    from config import Settings
+    from engine.default_model import ensure_default_model
+
+    return AutoTokenizer.from_pretrained(ensure_default_model(Settings().engine.cache_dir))

@@ -1,0 +1,41 @@
+"""phasespec's Prometheus metrics, served on /metrics next to vLLM's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from prometheus_client import Counter, Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseMetrics:
+    tokens: Counter
+    steps: Counter
+    drafted: Counter
+    accepted: Counter
+    switches: Counter
+    decode_rate: Histogram
+
+
+@lru_cache(maxsize=1)
+def phase_metrics() -> PhaseMetrics:
+    """Created once per process, in vLLM's registry (so /metrics shows them)."""
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    registry = get_prometheus_registry()
+    labels = ["phase"]
+    return PhaseMetrics(
+        tokens=Counter("phasespec_tokens", "Generated tokens by phase", labels, registry=registry),
+        steps=Counter("phasespec_spec_verify_steps", "Verify steps with drafts, by phase", labels, registry=registry),
+        drafted=Counter("phasespec_spec_draft_tokens", "Draft tokens verified, by phase", labels, registry=registry),
+        accepted=Counter("phasespec_spec_accepted_tokens", "Draft tokens accepted, by phase", labels, registry=registry),
+        switches=Counter("phasespec_depth_switches", "Depth changes, by the phase switched to", labels, registry=registry),
+        decode_rate=Histogram(
+            "phasespec_decode_tokens_per_second",
+            "Per-request decode rate within a phase",
+            labels,
+            buckets=(1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400),
+            registry=registry,
+        ),
+    )

@@ -1,0 +1,208 @@
+"""Per-request phase tracking, depth decisions and the finished-request report.
+
+``PhasespecLLM.generate`` hands every engine output to the request's
+observer; the observer tracks the phase on token ids, says when the depth
+must change (the engine applies it through the hook) and, at the end, turns
+the hook's exact counters into the canonical log line, Prometheus metrics and,
+when the client asked, the stats block of the response.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+from engine.llm import SpecRequest
+from proxy.metrics import phase_metrics
+from proxy.phases import Phase, PhaseMarkers, PhaseTracker
+from proxy.policy import PhaseDepths, choose_depth
+
+log = structlog.get_logger("phasespec.request")
+
+# Keys the request-body middleware (proxy/overrides.py) puts in vllm_xargs.
+XARG_DEPTH = "phasespec_depth_"
+XARG_STATS = "phasespec_stats"
+XARG_EXPECT_USAGE = "phasespec_expect_usage"
+
+
+class StatsBoard:
+    """Reports that clients asked for, waiting for the response middleware."""
+
+    def __init__(self, cap: int = 1024) -> None:
+        self.cap = cap
+        self._reports: OrderedDict[str, tuple[dict[str, Any], bool]] = OrderedDict()
+
+    def put(self, request_id: str, report: dict[str, Any], expect_usage: bool) -> None:
+        self._reports[request_id] = (report, expect_usage)
+        while len(self._reports) > self.cap:
+            self._reports.popitem(last=False)
+
+    def take(self, request_id: str, has_usage: bool, is_last: bool) -> dict[str, Any] | None:
+        """The report, if this payload is where it belongs (then it is removed)."""
+        entry = self._reports.get(request_id)
+        if entry is None or not (has_usage or (is_last and not entry[1])):
+            return None
+        del self._reports[request_id]
+        return entry[0]
+
+    def __len__(self) -> int:
+        return len(self._reports)
+
+
+def phase_report(counters: dict[str, Any] | None) -> dict[str, Any]:
+    """Rates from the hook's counters (vLLM's definitions: the bonus token is
+    not an accepted draft; mean acceptance length includes it)."""
+    counters = counters or {}
+    steps, drafted, accepted = (int(counters.get(k, 0)) for k in ("steps", "drafted", "accepted"))
+    return {
+        "steps": steps,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else None,
+        "accepted_per_pos": counters.get("accepted_per_pos", []),
+        "steps_by_drafted": counters.get("steps_by_drafted", []),
+    }
+
+
+@dataclass(slots=True)
+class RequestObserver:
+    request_id: str
+    model: str
+    tracker: PhaseTracker
+    depths: PhaseDepths | None
+    max_depth: int
+    board: StatsBoard | None
+    expect_usage: bool = False
+    cumulative: bool = False
+    started: float = field(default_factory=time.monotonic)
+    depth: int = 0
+    first_token_at: float | None = None
+    first_answer_at: float | None = None
+    last_at: float | None = None
+    finish_reason: str | None = None
+    decode_s: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(Phase, 0.0))
+    decode_tokens: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
+    timeline: list[tuple[float, str, int]] = field(default_factory=list)
+
+    def start(self) -> SpecRequest:
+        self.depth = choose_depth(self.tracker.phase, self.depths, self.max_depth)
+        self.timeline.append((0.0, self.tracker.phase.value, self.depth))
+        return SpecRequest(depth=self.depth, phase=self.tracker.phase.value)
+
+    def on_output(self, output: RequestOutput) -> tuple[int, str] | None:
+        """Feed one engine output; returns (depth, phase) when the depth hook must change."""
+        if not output.outputs:
+            return None
+        completion = output.outputs[0]  # n>1: the first completion steers the group
+        if completion.finish_reason is not None:
+            self.finish_reason = completion.finish_reason
+        ids = list(completion.token_ids)
+        if self.cumulative:
+            ids = ids[self.tracker.seen :]
+        if not ids:
+            return None
+        now = time.monotonic()
+        before = dict(self.tracker.tokens)
+        changes = self.tracker.feed(ids)
+        if self.first_token_at is None:
+            self.first_token_at = now
+        elif self.last_at is not None:
+            # The time since the last output went into this delta's tokens.
+            added = {p: self.tracker.tokens[p] - before[p] for p in Phase}
+            for phase, n in added.items():
+                if n:
+                    self.decode_s[phase] += (now - self.last_at) * n / len(ids)
+                    self.decode_tokens[phase] += n
+        self.last_at = now
+        if self.first_answer_at is None and self.tracker.tokens[Phase.ANSWER] > before[Phase.ANSWER]:
+            self.first_answer_at = now
+        if not changes:
+            return None
+        phase = self.tracker.phase
+        depth = choose_depth(phase, self.depths, self.max_depth)
+        self.timeline.append((round(now - self.started, 4), phase.value, depth))
+        if depth != self.depth:
+            phase_metrics().switches.labels(phase.value).inc()
+        self.depth = depth
+        return depth, phase.value
+
+    def finish(self, spec_stats: dict[str, Any] | None, aborted: bool) -> dict[str, Any]:
+        counters = (spec_stats or {}).get("phases", {})
+        phases: dict[str, Any] = {}
+        metrics = phase_metrics()
+        for phase in Phase:
+            tokens = self.tracker.tokens[phase]
+            spec = phase_report(counters.get(phase.value))
+            if not tokens and not spec["steps"]:
+                continue
+            seconds = self.decode_s[phase]
+            rate = self.decode_tokens[phase] / seconds if seconds > 0 else None
+            phases[phase.value] = {
+                "tokens": tokens,
+                "duration_s": round(seconds, 4),
+                "decode_tok_s": round(rate, 2) if rate is not None else None,
+                **spec,
+            }
+            metrics.tokens.labels(phase.value).inc(tokens)
+            metrics.steps.labels(phase.value).inc(spec["steps"])
+            metrics.drafted.labels(phase.value).inc(spec["drafted"])
+            metrics.accepted.labels(phase.value).inc(spec["accepted"])
+            if rate is not None:
+                metrics.decode_rate.labels(phase.value).observe(rate)
+        report = {
+            "request_id": self.request_id,
+            "model": self.model,
+            "finish_reason": "abort" if aborted else self.finish_reason,
+            "duration_s": round(time.monotonic() - self.started, 4),
+            "ttft_s": _since(self.started, self.first_token_at),
+            "time_to_first_answer_s": _since(self.started, self.first_answer_at),
+            "phases": phases,
+            "depth_timeline": [list(entry) for entry in self.timeline],
+        }
+        log.info("request_finished", **report)
+        if self.board is not None and not aborted:
+            self.board.put(self.request_id, report, self.expect_usage)
+        return report
+
+
+def _since(start: float, at: float | None) -> float | None:
+    return round(at - start, 4) if at is not None else None
+
+
+@dataclass(slots=True)
+class ObserverFactory:
+    """Builds one observer per engine request, from settings and the request's overrides."""
+
+    model: str
+    markers: PhaseMarkers
+    depths: PhaseDepths | None
+    max_depth: int
+    board: StatsBoard
+
+    def __call__(self, request_id: str, params: SamplingParams, reasoning_ended: bool | None) -> RequestObserver:
+        xargs = params.extra_args or {}
+        depths = self.depths
+        override = {
+            name: int(xargs[XARG_DEPTH + name])
+            for name in ("reasoning", "answer", "tool_call")
+            if XARG_DEPTH + name in xargs
+        }
+        if override:
+            depths = replace(depths or PhaseDepths(), **override)
+        return RequestObserver(
+            request_id=request_id,
+            model=self.model,
+            tracker=PhaseTracker(self.markers, self.markers.initial_phase(reasoning_ended)),
+            depths=depths,
+            max_depth=self.max_depth,
+            board=self.board if xargs.get(XARG_STATS) else None,
+            expect_usage=bool(xargs.get(XARG_EXPECT_USAGE)),
+            cumulative=params.output_kind == RequestOutputKind.CUMULATIVE,
+        )
