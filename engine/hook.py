@@ -24,6 +24,8 @@ It is pinned to vLLM 0.32.0: any other version fails at import.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -60,6 +62,7 @@ check_vllm_version()  # before touching any internal below
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
@@ -75,6 +78,12 @@ class DepthScheduler(Scheduler):
         # Lowering the batch's drafting count is vLLM's own dynamic-SD knob,
         # which vLLM disables under data parallelism (ranks draft in lockstep).
         self._lower_batch_k = self.num_spec_tokens > 0 and self.parallel_config.data_parallel_size == 1
+        # Decode-only steps as (requests, tokens verified, draft tokens, seconds):
+        # the cost curve a depth policy must respect. Timed from schedule() to
+        # update_from_output(), which brackets the forward pass only when
+        # scheduling is synchronous, so the async twin does not record.
+        self.step_log: deque[tuple[int, int, int, float]] = deque(maxlen=8192)
+        self._step_started = 0.0
 
     def add_request(self, request: Request) -> None:
         params = request.sampling_params
@@ -97,7 +106,21 @@ class DepthScheduler(Scheduler):
             if depth is not None and len(request.spec_token_ids) > depth:
                 # A new list: under async scheduling the placeholders are shared.
                 request.spec_token_ids = request.spec_token_ids[:depth]
+        self._step_started = time.perf_counter()
         return super().schedule(*args, **kwargs)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> Any:
+        elapsed = time.perf_counter() - self._step_started
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        scheduled = scheduler_output.num_scheduled_tokens
+        if not isinstance(self, AsyncScheduler) and scheduled and all(
+            n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items()
+        ):
+            drafted = sum(len(ids) for ids in spec.values())
+            self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         # Before the base class: the async scheduler sizes its placeholders from it.
@@ -163,11 +186,20 @@ def _hook_state(self: EngineCore) -> dict[str, int]:
     return _ledger(self).sizes()
 
 
+def _drain_steps(self: EngineCore) -> list[tuple[int, int, int, float]]:
+    scheduler = self.scheduler
+    _ledger(self)  # raises if the hook is missing
+    steps = list(scheduler.step_log)  # type: ignore[attr-defined]
+    scheduler.step_log.clear()  # type: ignore[attr-defined]
+    return steps
+
+
 UTILITY_METHODS = {
     "phasespec_set_depth": _set_depth,
     "phasespec_stats": _stats,
     "phasespec_pop_stats": _pop_stats,
     "phasespec_hook_state": _hook_state,
+    "phasespec_drain_steps": _drain_steps,
 }
 for _name, _method in UTILITY_METHODS.items():
     setattr(EngineCore, _name, _method)

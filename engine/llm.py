@@ -185,6 +185,10 @@ class PhasespecLLM(AsyncLLM):
                 totals[key] = totals.get(key, 0) + n
         return totals
 
+    async def drain_step_log(self) -> list[tuple[int, int, int, float]]:
+        """Decode steps since the last call: (requests, tokens verified, drafts, seconds)."""
+        return [tuple(step) for rank in await self._utility("phasespec_drain_steps") for step in rank]  # type: ignore[misc]
+
     async def _utility(self, method: str, *args: Any) -> list[Any]:
         # Under data parallelism a request lives on one rank; the call goes to
         # every rank and only the one holding the request applies it.

@@ -21,7 +21,7 @@ from engine.args import (
     default_thinking_budget,
     hold_eos_while_thinking,
 )
-from engine.llm import RequestDefaults
+from engine.llm import PhasespecLLM, RequestDefaults
 from engine.runtime import open_engine
 from engine.hook import check_vllm_version
 from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats
@@ -42,10 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
     vllm_app = build_app(args, ("generate",), None)
-    defaults = RequestDefaults(
-        thinking_token_budget=default_thinking_budget(settings),
-        hold_eos_while_thinking=hold_eos_while_thinking(settings),
-    )
+    defaults = request_defaults(settings)
 
     board = StatsBoard()
     max_depth = 0
@@ -57,13 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # once its state (engine, OpenAI handlers) exists.
         async with open_engine(args, defaults) as engine:
             max_depth = engine.max_spec_depth
-            engine.observer_factory = ObserverFactory(
-                model=args.served_model_name[0] if args.served_model_name else args.model,
-                markers=markers_from_vllm(engine.vllm_config, engine.get_tokenizer(), args.tool_call_parser),
-                depths=phase_depths(settings),
-                max_depth=max_depth,
-                board=board,
-            )
+            attach_observers(engine, args, settings, board)
             tasks = await engine.get_supported_tasks()
             await init_app_state(engine, vllm_app.state, args, tasks)
             app.state.engine = engine
@@ -76,6 +67,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(OverrideMiddleware, max_depth=lambda: max_depth)
     app.mount("/", vllm_app)
     return app
+
+
+def attach_observers(engine: PhasespecLLM, args: argparse.Namespace, settings: Settings, board: StatsBoard) -> None:
+    """Give every request of ``engine`` a phase observer (policy from settings)."""
+    engine.observer_factory = ObserverFactory(
+        model=args.served_model_name[0] if args.served_model_name else args.model,
+        markers=markers_from_vllm(engine.vllm_config, engine.get_tokenizer(), args.tool_call_parser),
+        depths=phase_depths(settings),
+        max_depth=engine.max_spec_depth,
+        board=board,
+    )
 
 
 def phase_depths(settings: Settings) -> PhaseDepths | None:
@@ -100,3 +102,10 @@ def _load_parser_plugins(args: argparse.Namespace) -> None:
     if args.reasoning_parser and not args.structured_outputs_config.reasoning_parser:
         args.structured_outputs_config.reasoning_parser = args.reasoning_parser
     validate_api_server_args(args)
+
+
+def request_defaults(settings: Settings) -> RequestDefaults:
+    return RequestDefaults(
+        thinking_token_budget=default_thinking_budget(settings),
+        hold_eos_while_thinking=hold_eos_while_thinking(settings),
+    )

@@ -10,31 +10,23 @@ from typing import Any
 from vllm.sampling_params import SamplingParams
 
 from config import Settings
-from engine.args import apply_environment, build_vllm_namespace, default_thinking_budget
-from engine.llm import PhasespecLLM, RequestDefaults, SpecRequest
+from engine.args import apply_environment, build_vllm_namespace
+from engine.llm import PhasespecLLM, SpecRequest
 from engine.runtime import open_engine
+from load.workload import chat_prompt
+from proxy.app import request_defaults
 
 
 def engine_context(settings: Settings | None = None) -> Any:
     settings = settings if settings is not None else Settings()
     apply_environment(settings)
-    args = build_vllm_namespace(settings)
-    defaults = RequestDefaults(thinking_token_budget=default_thinking_budget(settings), hold_eos_while_thinking=True)
-    return open_engine(args, defaults)
+    return open_engine(build_vllm_namespace(settings), request_defaults(settings))
 
 
 @dataclass(slots=True)
 class Run:
     token_ids: list[int] = field(default_factory=list)
     spec: SpecRequest = field(default_factory=SpecRequest)
-
-
-def chat_prompt(engine: PhasespecLLM, text: str) -> dict[str, Any]:
-    tokenizer = engine.get_tokenizer()
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
-    return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False)}
 
 
 async def run(

@@ -12,7 +12,7 @@ import pytest_asyncio
 from engine.llm import PhasespecLLM, SpecRequest
 from engine.spec_stats import DepthError
 from tests.engine_fixture import engine_context, run
-from tests.prompts import copy_prompt
+from load.workload import copy_prompt
 
 K = 3
 N_PROMPTS = 10

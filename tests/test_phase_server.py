@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.prompts import copy_prompt
+from load.workload import copy_prompt
 
 K = 3
 ALL_K = {"depths": {"reasoning": K, "answer": K, "tool_call": K}}

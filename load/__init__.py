@@ -1,0 +1,1 @@
+"""load: benchmarks and load tests (Locust) for phasespec."""

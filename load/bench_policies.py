@@ -1,0 +1,174 @@
+"""Depth-policy benchmark: every policy, one engine, interleaved, repeated.
+
+    .venv/bin/python -m load.bench_policies --concurrency 1,4,16 --reps 2
+
+Runs the embedded default (or whatever PHASESPEC_* / --vllm flags configure)
+in this process, so every policy meets the same engine and the same machine
+drift: for each repetition and concurrency, the policies run one after the
+other in a rotated order. Each request reasons for ``--reasoning-budget``
+tokens (vLLM's thinking budget forces ``</think>``) and then answers for
+``--answer-tokens``: the reasoning share of tokens is set by these two.
+Writes ``policies.csv``, ``cost_curve.csv``, ``cells.csv`` and ``policies.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from load.policy_report import Cell, Policy, add_phase, cost_curve, policy_grid, summarize, write_chart, write_csv
+from load.workload import chat_prompt, copy_prompt
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client concurrencies")
+    parser.add_argument("--reps", type=int, default=2, help="repetitions of every cell")
+    parser.add_argument("--prompts", type=int, default=20, help="requests per cell (distinct prompts)")
+    parser.add_argument("--reasoning-budget", type=int, default=48, help="thinking tokens per request")
+    parser.add_argument("--answer-tokens", type=int, default=16, help="answer tokens per request")
+    parser.add_argument("--policies", default="all", help="'all' or e.g. '0:0,1:1,1:2' (reasoning:answer)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
+    return parser.parse_args(argv)
+
+
+def parse_policies(text: str, max_depth: int) -> list[Policy]:
+    if text == "all":
+        return policy_grid(max_depth)
+    policies = []
+    for item in text.split(","):
+        reasoning, answer = (int(x) for x in item.split(":"))
+        if not (0 <= reasoning <= max_depth and 0 <= answer <= max_depth):
+            raise SystemExit(f"policy {item}: depths must be in 0..{max_depth}")
+        policies.append(Policy(reasoning, answer))
+    return policies
+
+
+async def run_cell(
+    engine: Any, board: Any, policy: Policy, concurrency: int, rep: int, cfg: argparse.Namespace,
+    prompts: list[dict[str, Any]], end_len: int, reference: dict[int, list[int]] | None,
+) -> tuple[Cell, list[list[Any]], list[list[int]]]:
+    from vllm.sampling_params import SamplingParams
+
+    from proxy.observer import XARG_DEPTH, XARG_STATS
+
+    max_tokens = cfg.reasoning_budget + end_len + cfg.answer_tokens
+    gate = asyncio.Semaphore(concurrency)
+    cell = Cell(policy, concurrency, rep, 0.0, 0, requests=len(prompts))
+    outputs: list[list[int]] = [[] for _ in prompts]
+
+    async def one(i: int) -> None:
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens,
+            thinking_token_budget=cfg.reasoning_budget,
+            extra_args={XARG_DEPTH + "reasoning": policy.reasoning, XARG_DEPTH + "answer": policy.answer, XARG_STATS: 1},
+        )
+        rid = f"bench-{policy.name}-c{concurrency}-r{rep}-{i}"
+        async with gate:
+            # The chat template opened <think>: tell the observer, as vLLM's chat server does.
+            async for output in engine.generate(prompts[i], params, rid, reasoning_ended=False):
+                outputs[i] = list(output.outputs[0].token_ids)
+        report = board.take(rid, has_usage=True, is_last=True)
+        for name, counters in (report or {}).get("phases", {}).items():
+            add_phase(cell.phases.setdefault(name, {}), counters)
+
+    await engine.drain_step_log()
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    cell.wall_s = time.perf_counter() - start
+    cell.tokens = sum(len(o) for o in outputs)
+    if reference is not None:
+        cell.matches_uncapped = sum(outputs[i] == reference.get(i) for i in range(len(prompts)))
+        for i in range(len(prompts)):
+            if outputs[i] != reference.get(i):
+                ref = reference.get(i) or []
+                first = next((j for j, (a, b) in enumerate(zip(outputs[i], ref)) if a != b), min(len(ref), len(outputs[i])))
+                log(f"  {policy.name} prompt {i}: differs from uncapped at token {first} of {len(ref)}/{len(outputs[i])}")
+    steps = [[concurrency, *step] for step in await engine.drain_step_log()]
+    return cell, steps, outputs
+
+
+async def main_async(cfg: argparse.Namespace) -> Path:
+    from config import Settings
+    from engine.args import apply_environment, build_vllm_namespace
+    from engine.runtime import open_engine
+    from proxy.app import attach_observers, request_defaults
+    from proxy.observer import StatsBoard
+
+    settings = Settings()
+    apply_environment(settings)
+    args = build_vllm_namespace(settings)
+    out = cfg.out or Path("load/results") / time.strftime("policies-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    board = StatsBoard(cap=100_000)
+    cells: list[Cell] = []
+    steps: list[list[Any]] = []
+    async with open_engine(args, request_defaults(settings)) as engine:
+        attach_observers(engine, args, settings, board)
+        k = engine.max_spec_depth
+        policies = parse_policies(cfg.policies, k)
+        reasoning = engine.vllm_config.reasoning_config
+        end_len = len(reasoning.reasoning_end_token_ids or ()) if reasoning is not None else 0
+        prompts = [chat_prompt(engine, copy_prompt(i)) for i in range(cfg.prompts)]
+        concurrencies = [int(c) for c in cfg.concurrency.split(",")]
+        # Greedy reference: the uncapped engine (depth K everywhere), concurrency 1.
+        ref_cell, _, ref_outputs = await run_cell(engine, board, Policy(k, k), 1, -1, cfg, prompts, end_len, None)
+        reference = dict(enumerate(ref_outputs))
+        log(f"reference run: {ref_cell.tok_s:.1f} tok/s; {len(policies)} policies x {concurrencies} x {cfg.reps} reps")
+        for rep, conc in itertools.product(range(cfg.reps), concurrencies):
+            shift = rep % len(policies)
+            for policy in policies[shift:] + policies[:shift]:
+                cell, cell_steps, _ = await run_cell(
+                    engine, board, policy, conc, rep, cfg, prompts, end_len, reference if conc == 1 else None
+                )
+                cells.append(cell)
+                steps.extend(cell_steps)
+                log(f"rep {rep} c={conc:<3} {policy.name:<9} {cell.tok_s:7.1f} tok/s")
+    rows = summarize(cells)
+    curve = cost_curve([tuple(s) for s in steps])  # type: ignore[misc]
+    write_csv(out / "policies.csv", rows)
+    write_csv(out / "cost_curve.csv", curve)
+    write_csv(out / "cells.csv", [
+        {"concurrency": c.concurrency, "policy": c.policy.name, "rep": c.rep, "tok_s": round(c.tok_s, 2),
+         "wall_s": round(c.wall_s, 3), "tokens": c.tokens, "phases": json.dumps(c.phases)} for c in cells
+    ])
+    write_chart(out / "policies.png", rows, curve)
+    (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2))
+    print_summary(rows)
+    log(f"wrote {out}")
+    return out
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    header = f"{'conc':>4} {'policy':<9} {'tok/s':>7} {'spread':>6} {'vs none':>7} {'vs best fixed here':>18} {'vs best fixed all':>17} {'acc R':>6} {'acc A':>6} {'match':>6}"
+    print(header)
+    for r in rows:
+        print(
+            f"{r['concurrency']:>4} {r['policy']:<9} {r['tok_s']:>7} {r['spread']:>6} {r['vs_none'] or '-':>7} "
+            f"{r['vs_best_fixed_here'] or '-':>18} {r['vs_best_fixed_overall'] or '-':>17} "
+            f"{r['reasoning_acceptance'] or '-':>6} {r['answer_acceptance'] or '-':>6} {r['outputs_match_uncapped'] or '-':>6}"
+        )
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    from proxy.logs import configure_logging
+
+    configure_logging("warning", json_output=True)
+    logging.getLogger("phasespec").setLevel(logging.WARNING)
+    asyncio.run(main_async(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Aggregation of policy-benchmark cells into the report: pure functions.
+
+A *cell* is one policy run over the whole workload at one concurrency; the
+benchmark repeats every cell and interleaves the policies, so the spread
+between repetitions is the noise floor a difference must beat.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PHASES = ("reasoning", "answer")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    reasoning: int
+    answer: int
+
+    @property
+    def name(self) -> str:
+        if self.reasoning == self.answer:
+            return "none" if self.reasoning == 0 else f"fixed-{self.reasoning}"
+        return f"map-{self.reasoning}-{self.answer}"
+
+    @property
+    def fixed(self) -> bool:
+        return self.reasoning == self.answer
+
+
+def policy_grid(max_depth: int) -> list[Policy]:
+    """No speculation, fixed depths 1..K and every (reasoning, answer) map."""
+    return [Policy(r, a) for r in range(max_depth + 1) for a in range(max_depth + 1)]
+
+
+@dataclass(slots=True)
+class Cell:
+    policy: Policy
+    concurrency: int
+    rep: int
+    wall_s: float
+    tokens: int
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per phase: tokens, steps, drafted, accepted, accepted_per_pos, steps_by_drafted."""
+    matches_uncapped: int | None = None
+    """Requests whose greedy output equalled the uncapped policy's (concurrency 1)."""
+    requests: int = 0
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def add_phase(into: dict[str, Any], counters: dict[str, Any]) -> None:
+    """Sum one request's per-phase report into a cell's phase totals."""
+    for key in ("tokens", "steps", "drafted", "accepted"):
+        into[key] = into.get(key, 0) + int(counters.get(key) or 0)
+    for key in ("accepted_per_pos", "steps_by_drafted"):
+        values = counters.get(key) or []
+        have = into.setdefault(key, [0] * len(values))
+        for i, v in enumerate(values):
+            have[i] += v
+
+
+def position_acceptance(phase: dict[str, Any]) -> list[float | None]:
+    """Acceptance at draft position i: accepted there / steps that drafted past i."""
+    by_drafted = phase.get("steps_by_drafted") or []
+    rates: list[float | None] = []
+    for pos, accepted in enumerate(phase.get("accepted_per_pos") or []):
+        reached = sum(by_drafted[pos + 1 :])
+        rates.append(round(accepted / reached, 4) if reached else None)
+    return rates
+
+
+def _mean_spread(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    return mean, (max(values) - min(values)) / mean if mean else 0.0
+
+
+def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
+    """One row per (concurrency, policy) with means over repetitions and ratios."""
+    groups: dict[tuple[int, Policy], list[Cell]] = defaultdict(list)
+    for cell in cells:
+        groups[(cell.concurrency, cell.policy)].append(cell)
+    mean_tok_s = {key: _mean_spread([c.tok_s for c in group])[0] for key, group in groups.items()}
+    fixed = {key: v for key, v in mean_tok_s.items() if key[1].fixed and key[1].reasoning > 0}
+    best_fixed_at = {conc: max(v for (c, _), v in fixed.items() if c == conc) for conc, _ in fixed}
+    best_fixed_policy = max({p for _, p in fixed}, key=lambda p: statistics.fmean(
+        v for (c, q), v in fixed.items() if q == p
+    )) if fixed else None
+    rows = []
+    for (conc, policy), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1].reasoning, kv[0][1].answer)):
+        tok_s, spread = _mean_spread([c.tok_s for c in group])
+        none = mean_tok_s.get((conc, Policy(0, 0)))
+        overall = mean_tok_s.get((conc, best_fixed_policy)) if best_fixed_policy else None
+        phases: dict[str, dict[str, Any]] = {}
+        for cell in group:
+            for name, counters in cell.phases.items():
+                add_phase(phases.setdefault(name, {}), counters)
+        row: dict[str, Any] = {
+            "concurrency": conc,
+            "policy": policy.name,
+            "reasoning_depth": policy.reasoning,
+            "answer_depth": policy.answer,
+            "reps": len(group),
+            "tok_s": round(tok_s, 2),
+            "spread": round(spread, 3),
+            "vs_none": round(tok_s / none, 3) if none else None,
+            "vs_best_fixed_here": round(tok_s / best_fixed_at[conc], 3) if conc in best_fixed_at else None,
+            "vs_best_fixed_overall": round(tok_s / overall, 3) if overall else None,
+            "best_fixed_overall": best_fixed_policy.name if best_fixed_policy else None,
+            "outputs_match_uncapped": _matches(group),
+        }
+        for name in PHASES:
+            phase = phases.get(name, {})
+            drafted = phase.get("drafted", 0)
+            row[f"{name}_tokens"] = phase.get("tokens", 0)
+            row[f"{name}_acceptance"] = round(phase["accepted"] / drafted, 4) if drafted else None
+            row[f"{name}_acceptance_by_pos"] = position_acceptance(phase)
+        rows.append(row)
+    return rows
+
+
+def _matches(group: list[Cell]) -> str | None:
+    checked = [c for c in group if c.matches_uncapped is not None]
+    if not checked:
+        return None
+    return f"{sum(c.matches_uncapped or 0 for c in checked)}/{sum(c.requests for c in checked)}"
+
+
+def cost_curve(steps: list[tuple[int, int, int, float, int]]) -> list[dict[str, Any]]:
+    """Mean step time by tokens verified per step, per concurrency.
+
+    ``steps``: (concurrency, requests in step, tokens verified, drafts, seconds).
+    """
+    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for conc, _, tokens, _, seconds in steps:
+        groups[(conc, tokens)].append(seconds)
+    return [
+        {
+            "concurrency": conc,
+            "tokens_per_step": tokens,
+            "steps": len(times),
+            "mean_ms": round(1000 * statistics.fmean(times), 3),
+            "p50_ms": round(1000 * statistics.median(times), 3),
+        }
+        for (conc, tokens), times in sorted(groups.items())
+    ]
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_chart(path: Path, rows: list[dict[str, Any]], curve: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    concurrencies = sorted({r["concurrency"] for r in rows})
+    fig, axes = plt.subplots(1, len(concurrencies) + 1, figsize=(5 * (len(concurrencies) + 1), 5))
+    for ax, conc in zip(axes, concurrencies, strict=False):
+        here = [r for r in rows if r["concurrency"] == conc]
+        colors = ["tab:gray" if r["policy"] == "none" else "tab:blue" if r["reasoning_depth"] == r["answer_depth"] else "tab:orange" for r in here]
+        ax.bar([r["policy"] for r in here], [r["vs_none"] or 0 for r in here], color=colors,
+               yerr=[(r["spread"] or 0) * (r["vs_none"] or 0) for r in here])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"concurrency {conc}: throughput vs none")
+        ax.tick_params(axis="x", rotation=90)
+    ax = axes[-1]
+    for conc in concurrencies:
+        pts = [c for c in curve if c["concurrency"] == conc]
+        ax.plot([p["tokens_per_step"] for p in pts], [p["mean_ms"] for p in pts], marker="o", label=f"c={conc}")
+    ax.set_xlabel("tokens verified per step")
+    ax.set_ylabel("mean step time (ms)")
+    ax.set_title("cost curve")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,45 @@
+"""The benchmark and test workload: copy-style reasoning prompts.
+
+Asking the model to repeat and then explain a sentence gives ngram drafting
+something to match, as real reasoning models' answers restate their
+reasoning. The embedded model reasons for its thinking budget, then answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SENTENCES = [
+    "the quick brown fox jumps over the lazy dog",
+    "a journey of a thousand miles begins with a single step",
+    "all that glitters is not gold and all who wander are not lost",
+    "to be or not to be that is the question",
+    "the rain in spain stays mainly in the plain",
+    "an apple a day keeps the doctor away",
+    "early to bed and early to rise makes a man healthy wealthy and wise",
+    "actions speak louder than words but words still matter",
+    "the early bird catches the worm but the second mouse gets the cheese",
+    "knowledge is power and power is responsibility",
+    "practice makes perfect when practice is deliberate",
+    "where there is a will there is a way",
+]
+INSTRUCTIONS = [
+    "Repeat this sentence three times, then explain it: {s}. {s}.",
+    "Think about this sentence, quote it twice and say what it means: {s}. {s}.",
+]
+
+
+def copy_prompt(i: int) -> str:
+    """Prompt i of the workload; distinct for i < 24."""
+    sentence = SENTENCES[i % len(SENTENCES)]
+    template = INSTRUCTIONS[(i // len(SENTENCES)) % len(INSTRUCTIONS)]
+    return template.format(s=sentence)
+
+
+def chat_prompt(engine: Any, text: str) -> dict[str, Any]:
+    """``text`` as a user turn in the engine's chat template, as prompt token ids."""
+    tokenizer = engine.get_tokenizer()
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False)}
