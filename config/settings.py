@@ -24,6 +24,14 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "info"
+    api_keys: list[str] = Field(default_factory=list)
+    """Accepted API keys (Bearer); empty: no authentication."""
+    guard_metrics: bool = True
+    """Require a key on /metrics too (when keys are set)."""
+    max_inflight: int = Field(default=64, ge=1)
+    """Concurrent generation requests; more get a 429 with Retry-After."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body; larger gets a 413."""
 
     @field_validator("log_level")
     @classmethod

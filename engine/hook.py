@@ -62,8 +62,8 @@ check_vllm_version()  # before touching any internal below
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.engine.core import EngineCore  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from engine.spec_stats import DEFAULT_PHASE, SpecLedger  # noqa: E402
@@ -109,14 +109,14 @@ class DepthScheduler(Scheduler):
         self._step_started = time.perf_counter()
         return super().schedule(*args, **kwargs)
 
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> Any:
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> Any:
         elapsed = time.perf_counter() - self._step_started
         spec = scheduler_output.scheduled_spec_decode_tokens
         scheduled = scheduler_output.num_scheduled_tokens
-        if not isinstance(self, AsyncScheduler) and scheduled and all(
-            n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items()
+        if (
+            not isinstance(self, AsyncScheduler)
+            and scheduled
+            and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
         ):
             drafted = sum(len(ids) for ids in spec.values())
             self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
@@ -183,7 +183,8 @@ def _pop_stats(self: EngineCore, group: str) -> dict[str, Any] | None:
 
 
 def _hook_state(self: EngineCore) -> dict[str, int]:
-    return _ledger(self).sizes()
+    running, waiting = self.scheduler.get_request_counts()
+    return {**_ledger(self).sizes(), "running": running, "waiting": waiting}
 
 
 def _drain_steps(self: EngineCore) -> list[tuple[int, int, int, float]]:

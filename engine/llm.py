@@ -104,7 +104,7 @@ class PhasespecLLM(AsyncLLM):
         spec = self.vllm_config.speculative_config
         return int(spec.num_speculative_tokens or 0) if spec is not None else 0
 
-    async def generate(  # type: ignore[override]
+    async def generate(
         self,
         prompt: Any,
         sampling_params: SamplingParams,
@@ -187,7 +187,7 @@ class PhasespecLLM(AsyncLLM):
 
     async def drain_step_log(self) -> list[tuple[int, int, int, float]]:
         """Decode steps since the last call: (requests, tokens verified, drafts, seconds)."""
-        return [tuple(step) for rank in await self._utility("phasespec_drain_steps") for step in rank]  # type: ignore[misc]
+        return [tuple(step) for rank in await self._utility("phasespec_drain_steps") for step in rank]
 
     async def _utility(self, method: str, *args: Any) -> list[Any]:
         # Under data parallelism a request lives on one rank; the call goes to

@@ -25,13 +25,16 @@ async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> As
     usage = UsageContext.OPENAI_API_SERVER
     vllm_config = engine_args.create_engine_config(usage_context=usage)
     install_depth_hook(vllm_config)
-    engine = cast(PhasespecLLM, PhasespecLLM.from_vllm_config(
-        vllm_config=vllm_config,
-        usage_context=usage,
-        enable_log_requests=engine_args.enable_log_requests,
-        aggregate_engine_logging=engine_args.aggregate_engine_logging,
-        disable_log_stats=engine_args.disable_log_stats,
-    ))
+    engine = cast(
+        PhasespecLLM,
+        PhasespecLLM.from_vllm_config(
+            vllm_config=vllm_config,
+            usage_context=usage,
+            enable_log_requests=engine_args.enable_log_requests,
+            aggregate_engine_logging=engine_args.aggregate_engine_logging,
+            disable_log_stats=engine_args.disable_log_stats,
+        ),
+    )
     try:
         engine.configure(defaults)
         await engine.reset_mm_cache()
@@ -48,7 +51,5 @@ def install_depth_hook(vllm_config: Any) -> None:
     """
     sched = vllm_config.scheduler_config
     if sched.scheduler_cls is not None:
-        raise ValueError(
-            f"--scheduler-cls {sched.scheduler_cls!r} cannot be combined with phasespec's depth hook"
-        )
+        raise ValueError(f"--scheduler-cls {sched.scheduler_cls!r} cannot be combined with phasespec's depth hook")
     sched.scheduler_cls = scheduler_class(bool(sched.async_scheduling))

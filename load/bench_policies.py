@@ -52,8 +52,15 @@ def parse_policies(text: str, max_depth: int) -> list[Policy]:
 
 
 async def run_cell(
-    engine: Any, board: Any, policy: Policy, concurrency: int, rep: int, cfg: argparse.Namespace,
-    prompts: list[dict[str, Any]], end_len: int, reference: dict[int, list[int]] | None,
+    engine: Any,
+    board: Any,
+    policy: Policy,
+    concurrency: int,
+    rep: int,
+    cfg: argparse.Namespace,
+    prompts: list[dict[str, Any]],
+    end_len: int,
+    reference: dict[int, list[int]] | None,
 ) -> tuple[Cell, list[list[Any]], list[list[int]]]:
     from vllm.sampling_params import SamplingParams
 
@@ -66,9 +73,15 @@ async def run_cell(
 
     async def one(i: int) -> None:
         params = SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, min_tokens=max_tokens,
+            temperature=0.0,
+            max_tokens=max_tokens,
+            min_tokens=max_tokens,
             thinking_token_budget=cfg.reasoning_budget,
-            extra_args={XARG_DEPTH + "reasoning": policy.reasoning, XARG_DEPTH + "answer": policy.answer, XARG_STATS: 1},
+            extra_args={
+                XARG_DEPTH + "reasoning": policy.reasoning,
+                XARG_DEPTH + "answer": policy.answer,
+                XARG_STATS: 1,
+            },
         )
         rid = f"bench-{policy.name}-c{concurrency}-r{rep}-{i}"
         async with gate:
@@ -86,11 +99,11 @@ async def run_cell(
     cell.tokens = sum(len(o) for o in outputs)
     if reference is not None:
         cell.matches_uncapped = sum(outputs[i] == reference.get(i) for i in range(len(prompts)))
-        for i in range(len(prompts)):
-            if outputs[i] != reference.get(i):
-                ref = reference.get(i) or []
-                first = next((j for j, (a, b) in enumerate(zip(outputs[i], ref)) if a != b), min(len(ref), len(outputs[i])))
-                log(f"  {policy.name} prompt {i}: differs from uncapped at token {first} of {len(ref)}/{len(outputs[i])}")
+        for i, output in enumerate(outputs):
+            ref = reference.get(i) or []
+            if output != ref:
+                first = next((j for j, (a, b) in enumerate(zip(output, ref, strict=False)) if a != b), len(ref))
+                log(f"  {policy.name} prompt {i}: differs from the uncapped output at token {first}")
     steps = [[concurrency, *step] for step in await engine.drain_step_log()]
     return cell, steps, outputs
 
@@ -102,7 +115,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     from proxy.app import attach_observers, request_defaults
     from proxy.observer import StatsBoard
 
-    settings = Settings()
+    settings = Settings()  # type: ignore[call-arg]
     apply_environment(settings)
     args = build_vllm_namespace(settings)
     out = cfg.out or Path("load/results") / time.strftime("policies-%Y%m%d-%H%M%S")
@@ -132,13 +145,24 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 steps.extend(cell_steps)
                 log(f"rep {rep} c={conc:<3} {policy.name:<9} {cell.tok_s:7.1f} tok/s")
     rows = summarize(cells)
-    curve = cost_curve([tuple(s) for s in steps])  # type: ignore[misc]
+    curve = cost_curve([(s[0], s[1], s[2], s[3], s[4]) for s in steps])
     write_csv(out / "policies.csv", rows)
     write_csv(out / "cost_curve.csv", curve)
-    write_csv(out / "cells.csv", [
-        {"concurrency": c.concurrency, "policy": c.policy.name, "rep": c.rep, "tok_s": round(c.tok_s, 2),
-         "wall_s": round(c.wall_s, 3), "tokens": c.tokens, "phases": json.dumps(c.phases)} for c in cells
-    ])
+    write_csv(
+        out / "cells.csv",
+        [
+            {
+                "concurrency": c.concurrency,
+                "policy": c.policy.name,
+                "rep": c.rep,
+                "tok_s": round(c.tok_s, 2),
+                "wall_s": round(c.wall_s, 3),
+                "tokens": c.tokens,
+                "phases": json.dumps(c.phases),
+            }
+            for c in cells
+        ],
+    )
     write_chart(out / "policies.png", rows, curve)
     (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2))
     print_summary(rows)
@@ -146,15 +170,24 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     return out
 
 
+SUMMARY_COLUMNS = [
+    ("concurrency", "conc", 4),
+    ("policy", "policy", 9),
+    ("tok_s", "tok/s", 7),
+    ("spread", "spread", 6),
+    ("vs_none", "vs none", 7),
+    ("vs_best_fixed_here", "vs best fixed here", 18),
+    ("vs_best_fixed_overall", "vs best fixed all", 17),
+    ("reasoning_acceptance", "acc R", 6),
+    ("answer_acceptance", "acc A", 6),
+    ("outputs_match_uncapped", "match", 6),
+]
+
+
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    header = f"{'conc':>4} {'policy':<9} {'tok/s':>7} {'spread':>6} {'vs none':>7} {'vs best fixed here':>18} {'vs best fixed all':>17} {'acc R':>6} {'acc A':>6} {'match':>6}"
-    print(header)
-    for r in rows:
-        print(
-            f"{r['concurrency']:>4} {r['policy']:<9} {r['tok_s']:>7} {r['spread']:>6} {r['vs_none'] or '-':>7} "
-            f"{r['vs_best_fixed_here'] or '-':>18} {r['vs_best_fixed_overall'] or '-':>17} "
-            f"{r['reasoning_acceptance'] or '-':>6} {r['answer_acceptance'] or '-':>6} {r['outputs_match_uncapped'] or '-':>6}"
-        )
+    print(" ".join(f"{title:>{width}}" for _, title, width in SUMMARY_COLUMNS))
+    for row in rows:
+        print(" ".join(f"{'-' if row[key] is None else row[key]!s:>{width}}" for key, _, width in SUMMARY_COLUMNS))
 
 
 def log(message: str) -> None:

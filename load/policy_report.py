@@ -90,9 +90,11 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
     mean_tok_s = {key: _mean_spread([c.tok_s for c in group])[0] for key, group in groups.items()}
     fixed = {key: v for key, v in mean_tok_s.items() if key[1].fixed and key[1].reasoning > 0}
     best_fixed_at = {conc: max(v for (c, _), v in fixed.items() if c == conc) for conc, _ in fixed}
-    best_fixed_policy = max({p for _, p in fixed}, key=lambda p: statistics.fmean(
-        v for (c, q), v in fixed.items() if q == p
-    )) if fixed else None
+    best_fixed_policy = (
+        max({p for _, p in fixed}, key=lambda p: statistics.fmean(v for (c, q), v in fixed.items() if q == p))
+        if fixed
+        else None
+    )
     rows = []
     for (conc, policy), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1].reasoning, kv[0][1].answer)):
         tok_s, spread = _mean_spread([c.tok_s for c in group])
@@ -172,9 +174,20 @@ def write_chart(path: Path, rows: list[dict[str, Any]], curve: list[dict[str, An
     fig, axes = plt.subplots(1, len(concurrencies) + 1, figsize=(5 * (len(concurrencies) + 1), 5))
     for ax, conc in zip(axes, concurrencies, strict=False):
         here = [r for r in rows if r["concurrency"] == conc]
-        colors = ["tab:gray" if r["policy"] == "none" else "tab:blue" if r["reasoning_depth"] == r["answer_depth"] else "tab:orange" for r in here]
-        ax.bar([r["policy"] for r in here], [r["vs_none"] or 0 for r in here], color=colors,
-               yerr=[(r["spread"] or 0) * (r["vs_none"] or 0) for r in here])
+        colors = [
+            "tab:gray"
+            if r["policy"] == "none"
+            else "tab:blue"
+            if r["reasoning_depth"] == r["answer_depth"]
+            else "tab:orange"
+            for r in here
+        ]
+        ax.bar(
+            [r["policy"] for r in here],
+            [r["vs_none"] or 0 for r in here],
+            color=colors,
+            yerr=[(r["spread"] or 0) * (r["vs_none"] or 0) for r in here],
+        )
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_title(f"concurrency {conc}: throughput vs none")
         ax.tick_params(axis="x", rotation=90)

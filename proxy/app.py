@@ -21,25 +21,28 @@ from engine.args import (
     default_thinking_budget,
     hold_eos_while_thinking,
 )
+from engine.hook import check_vllm_version
 from engine.llm import PhasespecLLM, RequestDefaults
 from engine.runtime import open_engine
-from engine.hook import check_vllm_version
+from proxy.admission import AdmissionMiddleware
+from proxy.auth import ApiKeyMiddleware
 from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats
 from proxy.observer import ObserverFactory, StatsBoard
 from proxy.overrides import OverrideMiddleware
 from proxy.phases import markers_from_vllm
 from proxy.policy import PhaseDepths
+from proxy.state import router as state_router
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings if settings is not None else Settings()
+    settings = settings if settings is not None else Settings()  # type: ignore[call-arg]
     check_vllm_version()
     apply_environment(settings)
     args = build_vllm_namespace(settings)
     _load_parser_plugins(args)
 
-    from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
 
     vllm_app = build_app(args, ("generate",), None)
     defaults = request_defaults(settings)
@@ -58,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             tasks = await engine.get_supported_tasks()
             await init_app_state(engine, vllm_app.state, args, tasks)
             app.state.engine = engine
+            app.state.board = board
             async with vllm_app.router.lifespan_context(vllm_app):
                 yield
 
@@ -65,6 +69,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content, attach_stats(board)])
     app.add_middleware(OverrideMiddleware, max_depth=lambda: max_depth)
+    server = settings.server
+    app.add_middleware(AdmissionMiddleware, max_inflight=server.max_inflight, max_body_bytes=server.max_body_bytes)
+    app.add_middleware(ApiKeyMiddleware, keys=server.api_keys, guard_metrics=server.guard_metrics)
+    app.include_router(state_router)
     app.mount("/", vllm_app)
     return app
 

@@ -28,9 +28,9 @@ def alias_reasoning_content(payload: Payload) -> None:
     for choice in payload.get("choices") or ():
         for key in ("message", "delta"):
             part = choice.get(key)
-            if isinstance(part, dict) and "reasoning" in part:
-                if key == "message" or part["reasoning"] is not None:
-                    part["reasoning_content"] = part["reasoning"]
+            # A delta without reasoning says nothing; a message always has the field.
+            if isinstance(part, dict) and "reasoning" in part and (key == "message" or part["reasoning"] is not None):
+                part["reasoning_content"] = part["reasoning"]
 
 
 def attach_stats(board: StatsBoard) -> PayloadEdit:

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
 
         vllm_parser().print_help()
         return
-    settings = Settings(_cli_parse_args=argv)
+    settings = Settings(_cli_parse_args=argv)  # type: ignore[call-arg]
     from proxy.logs import configure_logging
 
     log_config = configure_logging(settings.server.log_level)  # before vLLM is imported

@@ -28,9 +28,7 @@ _SHARED: list[Any] = [
 
 def formatter(json_output: bool) -> structlog.stdlib.ProcessorFormatter:
     """dictConfig factory: stdlib records (vLLM, uvicorn) rendered by structlog."""
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    renderer: Any = structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
     processors: list[Any] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
     if json_output:
         processors.append(structlog.processors.format_exc_info)

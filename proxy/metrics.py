@@ -29,8 +29,12 @@ def phase_metrics() -> PhaseMetrics:
         tokens=Counter("phasespec_tokens", "Generated tokens by phase", labels, registry=registry),
         steps=Counter("phasespec_spec_verify_steps", "Verify steps with drafts, by phase", labels, registry=registry),
         drafted=Counter("phasespec_spec_draft_tokens", "Draft tokens verified, by phase", labels, registry=registry),
-        accepted=Counter("phasespec_spec_accepted_tokens", "Draft tokens accepted, by phase", labels, registry=registry),
-        switches=Counter("phasespec_depth_switches", "Depth changes, by the phase switched to", labels, registry=registry),
+        accepted=Counter(
+            "phasespec_spec_accepted_tokens", "Draft tokens accepted, by phase", labels, registry=registry
+        ),
+        switches=Counter(
+            "phasespec_depth_switches", "Depth changes, by the phase switched to", labels, registry=registry
+        ),
         decode_rate=Histogram(
             "phasespec_decode_tokens_per_second",
             "Per-request decode rate within a phase",

@@ -50,7 +50,7 @@ class Transition:
 
 
 def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
-    return bool(marker) and len(tokens) >= len(marker) and tuple(tokens[-len(marker):]) == marker
+    return bool(marker) and len(tokens) >= len(marker) and tuple(tokens[-len(marker) :]) == marker
 
 
 @dataclass(slots=True)

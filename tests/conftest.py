@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server import ServerProcess
+from load.server import ServerProcess
 
 
 @pytest.fixture(scope="session")

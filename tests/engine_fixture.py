@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,9 @@ async def run(
 ) -> Run:
     """Greedy generation; ``on_tokens(n)`` is awaited after each output with n tokens so far."""
     params = SamplingParams(
-        temperature=0.0, max_tokens=max_tokens, thinking_token_budget=thinking_budget,
+        temperature=0.0,
+        max_tokens=max_tokens,
+        thinking_token_budget=thinking_budget,
         min_tokens=min(max_tokens, thinking_budget + 12),
     )
     result = Run(spec=spec)

@@ -53,9 +53,7 @@ def test_chat_returns_reasoning_then_answer(client: openai.OpenAI, model_name: s
     assert response.usage is not None and response.usage.completion_tokens > 0
 
 
-def test_streamed_chat_has_both_parts_and_usage_matches_tokens(
-    client: openai.OpenAI, model_name: str
-) -> None:
+def test_streamed_chat_has_both_parts_and_usage_matches_tokens(client: openai.OpenAI, model_name: str) -> None:
     stream = client.chat.completions.create(
         **_chat(model_name, stream=True, stream_options={"include_usage": True}, logprobs=True)
     )

@@ -40,7 +40,10 @@ def test_reasoning_runs_at_depth_one_and_answer_at_two(base_url: str, model_name
     assert max_drafted(answer) == 2
     assert [entry[1:] for entry in report["depth_timeline"]] == [["reasoning", 1], ["answer", 2]]
     assert report["ttft_s"] <= report["time_to_first_answer_s"] <= report["duration_s"]
-    assert report["phases"]["reasoning"]["tokens"] + report["phases"]["answer"]["tokens"] == reply["usage"]["completion_tokens"]
+    assert (
+        report["phases"]["reasoning"]["tokens"] + report["phases"]["answer"]["tokens"]
+        == reply["usage"]["completion_tokens"]
+    )
 
 
 def test_stream_carries_stats_in_its_usage_chunk(base_url: str, model_name: str) -> None:
@@ -82,25 +85,42 @@ def test_phase_switching_leaves_tool_calls_unchanged(base_url: str, model_name: 
     extra = {"tools": [WEATHER_TOOL], "tool_choice": NAMED_CHOICE, "max_tokens": 150}
     switched = chat(base_url, model_name, **extra, phasespec={"stats": True}).json()
     fixed = chat(base_url, model_name, **extra, phasespec=ALL_K).json()
-    assert switched["choices"][0]["message"]["tool_calls"][0]["function"] == fixed["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (
+        switched["choices"][0]["message"]["tool_calls"][0]["function"]
+        == fixed["choices"][0]["message"]["tool_calls"][0]["function"]
+    )
     assert switched["choices"][0]["message"]["reasoning"] == fixed["choices"][0]["message"]["reasoning"]
     assert "reasoning" in switched["phasespec"]["phases"]
 
 
 def test_canonical_log_line_and_metrics_carry_phases(base_url: str, model_name: str, server_log: Path) -> None:
     reply = chat(base_url, model_name, max_tokens=90).json()
-    lines = [json.loads(l) for l in server_log.read_text().splitlines() if l.startswith("{") and reply["id"] in l]
-    finished = [l for l in lines if l["event"] == "request_finished"]
+    text = server_log.read_text().splitlines()
+    records = [json.loads(row) for row in text if row.startswith("{") and reply["id"] in row]
+    finished = [r for r in records if r["event"] == "request_finished"]
     assert len(finished) == 1
     line = finished[0]
     assert line["request_id"] == reply["id"] and line["model"] == model_name
     assert line["finish_reason"] == reply["choices"][0]["finish_reason"]
     assert set(line["phases"]) == {"reasoning", "answer"}
-    for key in ("tokens", "duration_s", "decode_tok_s", "drafted", "accepted", "acceptance_rate", "mean_acceptance_length"):
+    for key in (
+        "tokens",
+        "duration_s",
+        "decode_tok_s",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "mean_acceptance_length",
+    ):
         assert key in line["phases"]["answer"]
     metrics = httpx.get(f"{base_url}/metrics").text
-    for name in ("phasespec_tokens_total", "phasespec_spec_draft_tokens_total", "phasespec_spec_accepted_tokens_total",
-                 "phasespec_depth_switches_total", "phasespec_decode_tokens_per_second_count"):
+    for name in (
+        "phasespec_tokens_total",
+        "phasespec_spec_draft_tokens_total",
+        "phasespec_spec_accepted_tokens_total",
+        "phasespec_depth_switches_total",
+        "phasespec_decode_tokens_per_second_count",
+    ):
         assert f'{name}{{phase="answer"}}' in metrics, name
 
 
@@ -117,7 +137,9 @@ def test_canonical_log_line_and_metrics_carry_phases(base_url: str, model_name: 
         ("fast", "phasespec"),
     ],
 )
-def test_bad_override_is_an_openai_400_naming_the_field(base_url: str, model_name: str, override: Any, param: str) -> None:
+def test_bad_override_is_an_openai_400_naming_the_field(
+    base_url: str, model_name: str, override: Any, param: str
+) -> None:
     response = chat(base_url, model_name, phasespec=override)
     assert response.status_code == 400
     error = response.json()["error"]

@@ -39,7 +39,13 @@ def test_model_that_skips_thinking_stays_in_answer() -> None:
 def test_tool_call_then_interleaved_thinking() -> None:
     tracker = PhaseTracker(MARKERS, Phase.REASONING)
     deltas = [[10, END, 11, TOOL, 20, 21, TOOL_END], [THINK, 30, END, 40]]
-    assert phases_of(tracker, deltas) == [(2, "answer"), (3, "tool_call"), (7, "answer"), (7, "reasoning"), (10, "answer")]
+    assert phases_of(tracker, deltas) == [
+        (2, "answer"),
+        (3, "tool_call"),
+        (7, "answer"),
+        (7, "reasoning"),
+        (10, "answer"),
+    ]
     assert tracker.tokens == {Phase.REASONING: 5, Phase.ANSWER: 2, Phase.TOOL_CALL: 4}
 
 
@@ -63,7 +69,9 @@ def test_no_reasoning_parser_means_answer_only() -> None:
 
 def test_embedded_tokenizer_stream_is_tracked(embedded_tokenizer: object) -> None:
     tok = embedded_tokenizer
-    ids = tok.encode("let me think about it\nOkay, I am done thinking.\n</think>\n\nThe answer.", add_special_tokens=False)  # type: ignore[attr-defined]
+    ids = tok.encode(
+        "let me think about it\nOkay, I am done thinking.\n</think>\n\nThe answer.", add_special_tokens=False
+    )  # type: ignore[attr-defined]
     markers = PhaseMarkers(
         reasoning_start=tuple(tok.encode("<think>", add_special_tokens=False)),  # type: ignore[attr-defined]
         reasoning_end=tuple(tok.encode("</think>", add_special_tokens=False)),  # type: ignore[attr-defined]

@@ -26,7 +26,11 @@ def test_counters_split_by_phase_and_position() -> None:
     snap = ledger.snapshot("r")
     assert snap is not None
     assert snap["phases"]["reasoning"] == {
-        "steps": 2, "drafted": 2, "accepted": 1, "accepted_per_pos": [1, 0, 0], "steps_by_drafted": [0, 2, 0, 0],
+        "steps": 2,
+        "drafted": 2,
+        "accepted": 1,
+        "accepted_per_pos": [1, 0, 0],
+        "steps_by_drafted": [0, 2, 0, 0],
     }
     assert snap["phases"]["answer"]["accepted_per_pos"] == [1, 1, 0]
     assert snap["depth_log"] == [[0, 1, "reasoning"], [2, 3, "answer"]]

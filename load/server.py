@@ -1,4 +1,4 @@
-"""A real phasespec server in a subprocess: uvicorn on loopback, real engine."""
+"""A real phasespec server in a subprocess (uvicorn on loopback, real engine): for tests and load runs."""
 
 from __future__ import annotations
 
