@@ -60,26 +60,22 @@ class OutputObserver(Protocol):
 ObserverFactory = Callable[[str, SamplingParams, "bool | None"], OutputObserver]
 
 
-def with_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_end_len: int) -> SamplingParams:
-    """``params`` (copied if changed) with the server's reasoning defaults filled in."""
+def apply_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_end_len: int) -> None:
+    """Fill in the server's reasoning defaults where the request left them unset."""
     if params.thinking_token_budget is not None or defaults.thinking_token_budget is None:
-        return params
-    params = params.clone()
+        return
     params.thinking_token_budget = defaults.thinking_token_budget
     if defaults.hold_eos_while_thinking and params.min_tokens == 0:
         # The forced end string follows the budget; one answer token after it.
         wanted = defaults.thinking_token_budget + reasoning_end_len + 1
         params.min_tokens = wanted if params.max_tokens is None else min(wanted, params.max_tokens)
-    return params
 
 
-def with_spec_meta(params: SamplingParams, request_id: str, spec: SpecRequest, max_depth: int) -> SamplingParams:
-    """A copy of ``params`` carrying the depth hook's metadata to the scheduler."""
+def attach_spec_meta(params: SamplingParams, request_id: str, spec: SpecRequest, max_depth: int) -> None:
+    """Carry the depth hook's metadata to the scheduler in ``extra_args``."""
     depth = max_depth if spec.depth is None else validate_depth(spec.depth, max_depth)
-    params = params.clone()
     meta = {"group": request_id, "depth": depth, "phase": spec.phase, "trace": spec.trace}
     params.extra_args = {**(params.extra_args or {}), EXTRA_KEY: meta}
-    return params
 
 
 class PhasespecLLM(AsyncLLM):
@@ -118,15 +114,15 @@ class PhasespecLLM(AsyncLLM):
             observer = self.observer_factory(request_id, sampling_params, kwargs.get("reasoning_ended"))
             spec = observer.start()
         spec = spec if spec is not None else SpecRequest()
-        params = with_defaults(sampling_params, self.request_defaults, self._reasoning_end_len)
+        params = sampling_params.clone()  # one copy of the caller's, edited below
+        apply_defaults(params, self.request_defaults, self._reasoning_end_len)
         tracked = self.max_spec_depth > 0
         if tracked:
-            params = with_spec_meta(params, request_id, spec, self.max_spec_depth)
+            attach_spec_meta(params, request_id, spec, self.max_spec_depth)
         # A non-streaming request is watched step by step too: ask vLLM for
         # deltas and hand the caller one merged final output, as FINAL_ONLY would.
         merge = observer is not None and params.output_kind == RequestOutputKind.FINAL_ONLY
         if merge:
-            params = params.clone()
             params.output_kind = RequestOutputKind.DELTA
         merged: RequestOutput | None = None
         finished = False

@@ -98,9 +98,10 @@ class RequestObserver:
 
     def on_output(self, output: RequestOutput) -> tuple[int, str] | None:
         """Feed one engine output; returns (depth, phase) when the depth hook must change."""
-        if not output.outputs:
+        # n>1: the first completion steers the group (a delta may carry only others).
+        completion = next((c for c in output.outputs if c.index == 0), None)
+        if completion is None:
             return None
-        completion = output.outputs[0]  # n>1: the first completion steers the group
         if completion.finish_reason is not None:
             self.finish_reason = completion.finish_reason
         ids = list(completion.token_ids)
