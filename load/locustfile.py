@@ -6,7 +6,9 @@ Besides the request itself, each stream reports through Locust's own stats
 (request type ``METRIC``, times in ms, lengths in tokens): time to first
 token, time to first answer token, mean and max inter-token gap, and per
 phase its tokens and acceptance (x1000) from phasespec's stats block.
-Environment: PHASESPEC_LOAD_MODEL, PHASESPEC_LOAD_MAX_TOKENS, PHASESPEC_LOAD_API_KEY.
+Environment: PHASESPEC_LOAD_MODEL, PHASESPEC_LOAD_MAX_TOKENS, PHASESPEC_LOAD_API_KEY,
+PHASESPEC_LOAD_STATS (0: no phasespec field), PHASESPEC_LOAD_THINKING_BUDGET (sets
+thinking_token_budget and min_tokens = max tokens, for servers without phasespec's defaults).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from load.workload import copy_prompt
 MODEL = os.environ.get("PHASESPEC_LOAD_MODEL", "phasespec-smollm2-135m-think")
 MAX_TOKENS = int(os.environ.get("PHASESPEC_LOAD_MAX_TOKENS", "96"))
 API_KEY = os.environ.get("PHASESPEC_LOAD_API_KEY", "")
+# For runs against plain vLLM: no phasespec field, explicit reasoning budget.
+ASK_STATS = os.environ.get("PHASESPEC_LOAD_STATS", "1") == "1"
+THINKING_BUDGET = int(os.environ.get("PHASESPEC_LOAD_THINKING_BUDGET", "0"))
 
 
 def metric(name: str, value_ms: float | None, length: int = 0) -> None:
@@ -60,8 +65,12 @@ class ChatUser(HttpUser):
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "phasespec": {"stats": True},
         }
+        if ASK_STATS:
+            body["phasespec"] = {"stats": True}
+        if THINKING_BUDGET:
+            body["thinking_token_budget"] = THINKING_BUDGET
+            body["min_tokens"] = MAX_TOKENS
         headers = {"Authorization": f"Bearer {API_KEY}"} if API_KEY else {}
         start = time.perf_counter()
         with self.client.post(

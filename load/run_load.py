@@ -98,7 +98,7 @@ def summarize(
         for name, r in rows.items()
         if name.startswith("METRIC ")
     }
-    engine = state.get("engine", {})
+    engine = state.get("engine")
     warm = [rss for t, rss in memory if t >= 30] or [rss for _, rss in memory]
     return {
         "requests": int(chat.get("Request Count", 0)),
@@ -108,7 +108,9 @@ def summarize(
         "requests_per_s": float(chat.get("Requests/s", 0) or 0),
         "metrics": metrics,
         "engine_after": engine,
-        "leaked_requests": int(engine.get("running", 0)) + int(engine.get("waiting", 0)) + int(engine.get("live", 0)),
+        "leaked_requests": None
+        if engine is None
+        else int(engine.get("running", 0)) + int(engine.get("waiting", 0)) + int(engine.get("live", 0)),
         "rss_mib_after_warmup": {"first": warm[0], "last": warm[-1], "max": max(warm)} if warm else None,
     }
 
@@ -132,7 +134,10 @@ def wait_idle(host: str, headers: dict[str, str], timeout_s: float = 30) -> dict
     deadline = time.monotonic() + timeout_s
     state: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        state = httpx.get(f"{host}/phasespec/state", headers=headers, timeout=10).json()
+        response = httpx.get(f"{host}/phasespec/state", headers=headers, timeout=10)
+        if response.status_code != 200:
+            return {}  # not a phasespec server (e.g. plain vLLM): state unknown
+        state = response.json()
         engine = state["engine"]
         if not (engine["running"] or engine["waiting"] or engine["live"] or state["frontend_unfinished"]):
             break

@@ -23,19 +23,26 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m proxy.cli`` with the given flags, started and stopped by tests."""
+    """``python -m proxy.cli`` (or ``module``, e.g. vLLM's own server) with the given flags."""
 
-    def __init__(self, *flags: str, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *flags: str, log_path: Path, env: dict[str, str] | None = None, vllm_server: bool = False
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._flags = flags
+        self._vllm_server = vllm_server
         self._env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "proxy.cli", "--server.port", str(self.port), *self._flags]
+        if self._vllm_server:
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
+            cmd += ["--port", str(self.port), *self._flags]
+        else:
+            cmd = [sys.executable, "-m", "proxy.cli", "--server.port", str(self.port), *self._flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

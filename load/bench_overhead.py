@@ -1,0 +1,129 @@
+"""phasespec's overhead against plain vLLM: the same Locust scenario, servers alternating.
+
+    .venv/bin/python -m load.bench_overhead --users 1,16 --seconds 30 --rounds 2
+
+Three servers on the embedded default with the same engine flags: vLLM's own
+(``python -m vllm.entrypoints.openai.api_server``), phasespec with phase
+switching off (every request at K, like vLLM) and phasespec with it on. Each
+round starts each server in turn (rotated order) and runs every user count
+against it; requests carry an explicit thinking budget and min_tokens, so all
+servers generate the same tokens. Reports ratios against vLLM of TTFT p50,
+mean inter-token gap and request throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from load.run_load import parse_args as load_args
+from load.run_load import run as run_load
+from load.server import ROOT, ServerProcess
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--users", default="1,16")
+    parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--thinking-budget", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def servers(model_dir: Path) -> dict[str, tuple[list[str], bool]]:
+    from engine.args import embedded_engine_flags
+
+    return {
+        "vllm": (["--model", str(model_dir), *embedded_engine_flags()], True),
+        "phasespec-off": (["--phases.switching", "false"], False),
+        "phasespec-on": ([], False),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    from config import Settings
+    from engine.default_model import ensure_default_model
+
+    model_dir = ensure_default_model(Settings().engine.cache_dir)  # type: ignore[call-arg]
+    out = cfg.out or ROOT / "load" / "results" / time.strftime("overhead-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["PHASESPEC_LOAD_STATS"] = "0"
+    os.environ["PHASESPEC_LOAD_THINKING_BUDGET"] = str(cfg.thinking_budget)
+    users = [int(u) for u in cfg.users.split(",")]
+    runs: list[dict[str, Any]] = []
+    names = list(servers(model_dir))
+    for round_ in range(cfg.rounds):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            flags, is_vllm = servers(model_dir)[name]
+            server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
+            server.start()
+            try:
+                for n in users:
+                    summary = run_load(
+                        load_args(
+                            [
+                                "--host",
+                                server.base_url,
+                                "--users",
+                                str(n),
+                                "--seconds",
+                                str(cfg.seconds),
+                                "--max-tokens",
+                                str(cfg.max_tokens),
+                                "--out",
+                                str(out / f"{name}-u{n}-r{round_}"),
+                            ]
+                        )
+                    )
+                    metrics = summary["metrics"]
+                    runs.append(
+                        {
+                            "server": name,
+                            "users": n,
+                            "round": round_,
+                            "requests": summary["requests"],
+                            "failures": summary["failures"],
+                            "req_s": summary["requests_per_s"],
+                            "ttft_p50_ms": metrics.get("ttft", {}).get("p50_ms"),
+                            "gap_mean_ms": metrics.get("inter_token_gap_mean", {}).get("mean_ms"),
+                        }
+                    )
+                    print(f"[overhead] round {round_} {name:<14} users {n:<3} {runs[-1]}", flush=True)
+            finally:
+                server.stop()
+    report = ratios(runs)
+    (out / "overhead.json").write_text(
+        json.dumps({"runs": runs, "ratios": report, "config": vars(cfg)}, indent=2, default=str)
+    )
+    for row in report:
+        print(row)
+
+
+def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean over rounds per (server, users), and each phasespec variant / vLLM."""
+
+    def mean(server: str, users: int, key: str) -> float:
+        return statistics.fmean(r[key] for r in runs if r["server"] == server and r["users"] == users)
+
+    rows = []
+    for users in sorted({r["users"] for r in runs}):
+        for server in ("phasespec-off", "phasespec-on"):
+            row: dict[str, Any] = {"users": users, "server": server}
+            for key in ("ttft_p50_ms", "gap_mean_ms", "req_s"):
+                row[f"{key}_ratio"] = round(mean(server, users, key) / mean("vllm", users, key), 3)
+                row[f"{key}_vllm"] = round(mean("vllm", users, key), 2)
+            rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
