@@ -13,6 +13,7 @@ import os
 
 from config import Settings
 from engine.default_model import MODEL_NAME, ensure_default_model
+from engine.llm import RequestDefaults
 
 # The embedded model's engine defaults. They come before the user's flags, so
 # any of them can be overridden by passing the same `vllm serve` flag.
@@ -89,13 +90,11 @@ def apply_environment(settings: Settings) -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
-def default_thinking_budget(settings: Settings) -> int | None:
-    if settings.engine.default_thinking_budget is not None:
-        return settings.engine.default_thinking_budget
-    return EMBEDDED_THINKING_BUDGET if settings.uses_embedded_model else None
-
-
-def hold_eos_while_thinking(settings: Settings) -> bool:
-    if settings.engine.hold_eos_while_thinking is not None:
-        return settings.engine.hold_eos_while_thinking
-    return settings.uses_embedded_model
+def request_defaults(settings: Settings) -> RequestDefaults:
+    """Per-request reasoning defaults: the settings, else the embedded model's."""
+    engine, embedded = settings.engine, settings.uses_embedded_model
+    budget = engine.default_thinking_budget
+    if budget is None and embedded:
+        budget = EMBEDDED_THINKING_BUDGET
+    hold = engine.hold_eos_while_thinking
+    return RequestDefaults(thinking_token_budget=budget, hold_eos_while_thinking=embedded if hold is None else hold)

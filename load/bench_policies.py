@@ -110,9 +110,9 @@ async def run_cell(
 
 async def main_async(cfg: argparse.Namespace) -> Path:
     from config import Settings
-    from engine.args import apply_environment, build_vllm_namespace
+    from engine.args import apply_environment, build_vllm_namespace, request_defaults
     from engine.runtime import open_engine
-    from proxy.app import attach_observers, request_defaults
+    from proxy.app import attach_observers
     from proxy.observer import StatsBoard
 
     settings = Settings()  # type: ignore[call-arg]

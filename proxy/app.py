@@ -15,14 +15,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from config import Settings
-from engine.args import (
-    apply_environment,
-    build_vllm_namespace,
-    default_thinking_budget,
-    hold_eos_while_thinking,
-)
+from engine.args import apply_environment, build_vllm_namespace, request_defaults
 from engine.hook import check_vllm_version
-from engine.llm import PhasespecLLM, RequestDefaults
+from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
 from proxy.admission import AdmissionMiddleware
 from proxy.auth import ApiKeyMiddleware
@@ -110,10 +105,3 @@ def _load_parser_plugins(args: argparse.Namespace) -> None:
     if args.reasoning_parser and not args.structured_outputs_config.reasoning_parser:
         args.structured_outputs_config.reasoning_parser = args.reasoning_parser
     validate_api_server_args(args)
-
-
-def request_defaults(settings: Settings) -> RequestDefaults:
-    return RequestDefaults(
-        thinking_token_budget=default_thinking_budget(settings),
-        hold_eos_while_thinking=hold_eos_while_thinking(settings),
-    )

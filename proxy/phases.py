@@ -87,20 +87,27 @@ class PhaseTracker:
         return changes
 
     def _opened_phase(self) -> Phase | None:
-        m = self.markers
-        if self.phase is Phase.ANSWER and _ends_with(self._tail, m.reasoning_start):
-            return Phase.REASONING
-        if self.phase is Phase.ANSWER and _ends_with(self._tail, m.tool_start):
-            return Phase.TOOL_CALL
-        return None
+        return self._transition(_OPENERS)
 
     def _closed_phase(self) -> Phase | None:
-        m = self.markers
-        if self.phase is Phase.REASONING and _ends_with(self._tail, m.reasoning_end):
-            return Phase.ANSWER
-        if self.phase is Phase.TOOL_CALL and _ends_with(self._tail, m.tool_end):
-            return Phase.ANSWER
+        return self._transition(_CLOSERS)
+
+    def _transition(self, table: tuple[tuple[Phase, str, Phase], ...]) -> Phase | None:
+        for source, marker, target in table:
+            if self.phase is source and _ends_with(self._tail, getattr(self.markers, marker)):
+                return target
         return None
+
+
+# (phase we are in, marker that just completed, phase it leads to)
+_OPENERS = (
+    (Phase.ANSWER, "reasoning_start", Phase.REASONING),
+    (Phase.ANSWER, "tool_start", Phase.TOOL_CALL),
+)
+_CLOSERS = (
+    (Phase.REASONING, "reasoning_end", Phase.ANSWER),
+    (Phase.TOOL_CALL, "tool_end", Phase.ANSWER),
+)
 
 
 _TOOL_START_ATTRS = ("tool_calls_start_token", "tool_call_start_token", "bot_token")

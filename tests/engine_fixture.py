@@ -10,11 +10,10 @@ from typing import Any
 from vllm.sampling_params import SamplingParams
 
 from config import Settings
-from engine.args import apply_environment, build_vllm_namespace
+from engine.args import apply_environment, build_vllm_namespace, request_defaults
 from engine.llm import PhasespecLLM, SpecRequest
 from engine.runtime import open_engine
 from load.workload import chat_prompt
-from proxy.app import request_defaults
 
 
 def engine_context(settings: Settings | None = None) -> Any:
