@@ -11,6 +11,7 @@ unchanged, so a ``vllm serve MODEL ...`` launch line becomes
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, CliUnknownArgs, SettingsConfigDict
@@ -54,6 +55,12 @@ class EngineSettings(BaseModel):
     default_thinking_budget: int | None = Field(default=None, ge=1)
     """Reasoning tokens before vLLM forces the end of thinking, for requests
     that set no ``thinking_token_budget``. The embedded model uses 48."""
+    emulate_step_ms: str | None = None
+    """BENCHMARKS ONLY: pad every decode step to another machine's cost shape,
+    'A+B*tokens' (ms) or a profile ('moe-offload'). Off by default."""
+    emulate_scale: float = Field(default=1.0, gt=0)
+    """Multiplies the emulated step time (keeps its shape), so that this
+    machine's real steps stay under it."""
     hold_eos_while_thinking: bool | None = None
     """Raise ``min_tokens`` to cover the default thinking budget, so a model
     that would stop inside ``<think>`` reasons to the budget first. On by
@@ -61,18 +68,40 @@ class EngineSettings(BaseModel):
 
 
 class PhaseSettings(BaseModel):
-    """Per-phase speculative depth (clamped to 0..K). ``None``: K."""
+    """Per-phase speculative depth (clamped to 0..K). ``None``: K.
+
+    Under the adaptive policy a depth set here is a cap (the controller
+    chooses 0..cap); unset phases are capped at K."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     switching: bool = True
     """Switch each request's depth as its phase changes; off runs everyone at K."""
+    policy: Literal["static", "adaptive"] = "static"
+    """static: the depth per phase below; adaptive: chosen every engine step
+    from measured acceptance and step cost (per-phase depths are caps)."""
     reasoning: int | None = Field(default=1, ge=0)
     """Depth while the model reasons (inside <think>)."""
     answer: int | None = Field(default=2, ge=0)
     """Depth in the final answer."""
     tool_call: int | None = Field(default=None, ge=0)
     """Depth inside a tool call (None: K)."""
+
+
+class AdaptiveSettings(BaseModel):
+    """The adaptive depth controller (engine/controller.py)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    explore_share: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Share of steps at a random depth: what the step-cost slope is learned from."""
+    shadow_share: float = Field(default=0.25, ge=0.0, le=1.0)
+    """Share of steps after which the drafter proposes all K drafts (shadow drafts)."""
+    warmup_steps: int = Field(default=24, ge=0)
+    """First adaptive steps spent exploring."""
+    seed: int | None = None
+    summary_interval_s: float = Field(default=10.0, gt=0)
+    """Period of the per-phase summary log line and gauges."""
 
 
 class Settings(BaseSettings):
@@ -95,6 +124,7 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
     phases: PhaseSettings = PhaseSettings()
+    adaptive: AdaptiveSettings = AdaptiveSettings()
     vllm_args: CliUnknownArgs
     """`vllm serve` flags passed through (from the CLI, or this env var as JSON)."""
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+from typing import Any
 
 from config import Settings
 from engine.default_model import MODEL_NAME, ensure_default_model
+from engine.emulation import EmulationError, StepEmulation
 from engine.llm import RequestDefaults
 
 # The embedded model's engine defaults. They come before the user's flags, so
@@ -27,6 +30,8 @@ EMBEDDED_SPECULATIVE_CONFIG = {
 # (a named tool_choice's JSON grammar starts right after reasoning ends).
 EMBEDDED_REASONING_END = "\nOkay, I am done thinking.\n</think>"
 EMBEDDED_THINKING_BUDGET = 48
+
+logger = logging.getLogger("phasespec.engine")
 
 # Flags that phasespec owns; given to vLLM they would be silently ignored.
 _OWNED_FLAGS = {"--host": "--server.host", "--port": "--server.port"}
@@ -88,6 +93,32 @@ def apply_environment(settings: Settings) -> None:
     # vLLM's CLI sets this too: the engine core must not fork a process that has
     # already started threads (uvicorn, tokenizers).
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
+def hook_options(settings: Settings) -> dict[str, Any]:
+    """What the depth hook needs in the engine core: controller settings and the step emulation."""
+    adaptive = settings.adaptive
+    options: dict[str, Any] = {
+        "adaptive": {
+            "explore_share": adaptive.explore_share,
+            "shadow_share": adaptive.shadow_share,
+            "warmup_steps": adaptive.warmup_steps,
+            "seed": adaptive.seed,
+        }
+    }
+    spec = settings.engine.emulate_step_ms
+    if spec:
+        try:
+            emulation = StepEmulation.parse(spec, settings.engine.emulate_scale)
+        except EmulationError as exc:
+            raise SettingsError(str(exc)) from exc
+        options["emulate"] = {"spec": emulation.spec, "scale": emulation.scale}
+        logger.warning(
+            "STEP-COST EMULATION ON (benchmarks only): every decode step is padded to %s ms; "
+            "throughput is not this machine's",
+            emulation.describe()["step_ms"],
+        )
+    return options
 
 
 def request_defaults(settings: Settings) -> RequestDefaults:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -66,7 +67,16 @@ from vllm.v1.engine.core import EngineCore  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
+from engine.acceptance import Resolved, ShadowBook  # noqa: E402
+from engine.controller import ControllerSettings, DepthController, Planned, StepPlan  # noqa: E402
+from engine.emulation import PadCounter, StepEmulation  # noqa: E402
 from engine.spec_stats import DEFAULT_PHASE, SpecLedger  # noqa: E402
+
+
+def hook_options(vllm_config: Any) -> dict[str, Any]:
+    """phasespec's engine-side options, carried to the engine core in ``additional_config``."""
+    extra = vllm_config.additional_config
+    return dict(extra.get(EXTRA_KEY) or {}) if isinstance(extra, dict) else {}
 
 
 class DepthScheduler(Scheduler):
@@ -74,16 +84,31 @@ class DepthScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        options = hook_options(self.vllm_config)
         self.spec_ledger = SpecLedger(self.num_spec_tokens)
+        self.controller = DepthController(
+            max(self.num_spec_tokens, 0), ControllerSettings(**options.get("adaptive", {}))
+        )
+        emulate = options.get("emulate")
+        self.emulation = StepEmulation.parse(emulate["spec"], emulate["scale"]) if emulate else None
+        self.pads = PadCounter()
+        if self.emulation is not None:
+            self.spec_ledger.annotations["emulation"] = self.emulation.describe()
         # Lowering the batch's drafting count is vLLM's own dynamic-SD knob,
         # which vLLM disables under data parallelism (ranks draft in lockstep).
         self._lower_batch_k = self.num_spec_tokens > 0 and self.parallel_config.data_parallel_size == 1
+        # Under sync scheduling the drafts are back in the scheduler before the
+        # next step, so cut drafts can be matched (shadow drafts); under async
+        # scheduling they stay in the worker and only verified positions are seen.
+        self._shadow = not isinstance(self, AsyncScheduler)
+        self._books: dict[str, ShadowBook] = {}
+        self._draft_limit = self.num_spec_tokens
         # Decode-only steps as (requests, tokens verified, draft tokens, seconds):
-        # the cost curve a depth policy must respect. Timed from schedule() to
-        # update_from_output(), which brackets the forward pass only when
-        # scheduling is synchronous, so the async twin does not record.
+        # the cost curve a depth policy must respect.
         self.step_log: deque[tuple[int, int, int, float]] = deque(maxlen=8192)
-        self._step_started = 0.0
+        self._inflight: dict[int, tuple[float, StepPlan | None]] = {}
+        self._last_update = 0.0
+        self._plan: StepPlan | None = None
 
     def add_request(self, request: Request) -> None:
         params = request.sampling_params
@@ -97,34 +122,117 @@ class DepthScheduler(Scheduler):
                 str(meta.get("phase", DEFAULT_PHASE)),
                 self.current_step,
                 bool(meta.get("trace", False)),
+                bool(meta.get("adaptive", False)),
             )
         super().add_request(request)
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        started = time.perf_counter()
+        self._plan = self._plan_depths()
+        proposals: dict[str, list[int]] = {}
         for request in self.running:
-            depth = self.spec_ledger.depth_of(request.request_id)
-            if depth is not None and len(request.spec_token_ids) > depth:
+            ledger = self.spec_ledger.get(request.request_id)
+            if ledger is None:
+                continue
+            if self._shadow:
+                proposals[request.request_id] = request.spec_token_ids
+            if len(request.spec_token_ids) > ledger.depth:
                 # A new list: under async scheduling the placeholders are shared.
-                request.spec_token_ids = request.spec_token_ids[:depth]
-        self._step_started = time.perf_counter()
-        return super().schedule(*args, **kwargs)
+                request.spec_token_ids = request.spec_token_ids[: ledger.depth]
+        output = super().schedule(*args, **kwargs)
+        self._inflight[id(output)] = (started, self._plan)
+        if proposals:
+            self._book_proposals(output, proposals)
+        return output
+
+    def _plan_depths(self) -> StepPlan | None:
+        batch = []
+        for request in self.running:
+            ledger = self.spec_ledger.get(request.request_id)
+            if ledger is not None:
+                cap = ledger.cap if ledger.adaptive else ledger.depth
+                batch.append(Planned(request.request_id, ledger.phase, cap, ledger.adaptive))
+        if not batch:
+            return None
+        plan = self.controller.plan(batch)
+        per_draft_ms = self.controller.per_draft_ms(len(batch)) if not plan.explore else None
+        for engine_id, depth in plan.depths.items():
+            ledger = self.spec_ledger.get(engine_id)
+            assert ledger is not None
+            if plan.explore:
+                ledger.explored_steps += 1
+                ledger.depth = depth
+            else:
+                ledger.choose(self.current_step, depth, self.controller.estimates(engine_id), per_draft_ms)
+        return plan
+
+    def _book_proposals(self, output: SchedulerOutput, proposals: dict[str, list[int]]) -> None:
+        spec = output.scheduled_spec_decode_tokens
+        for engine_id, n_scheduled in output.num_scheduled_tokens.items():
+            drafts = proposals.get(engine_id)
+            verified = len(spec.get(engine_id, ()))
+            if drafts is None or n_scheduled != 1 + verified:
+                continue  # not a decode step of a tracked request
+            ledger = self.spec_ledger.get(engine_id)
+            request = self.requests[engine_id]
+            book = self._books.setdefault(engine_id, ShadowBook())
+            assert ledger is not None
+            book.propose(request.num_output_tokens, drafts, self._draft_limit, verified, ledger.phase)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> Any:
-        elapsed = time.perf_counter() - self._step_started
+        started, plan = self._inflight.pop(id(scheduler_output), (None, None))
         spec = scheduler_output.scheduled_spec_decode_tokens
         scheduled = scheduler_output.num_scheduled_tokens
-        if (
-            not isinstance(self, AsyncScheduler)
-            and scheduled
-            and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
-        ):
-            drafted = sum(len(ids) for ids in spec.values())
-            self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
-        return super().update_from_output(scheduler_output, model_runner_output)
+        decode_only = bool(scheduled) and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
+        if decode_only and started is not None:
+            elapsed = self._step_seconds(started, scheduler_output.total_num_scheduled_tokens)
+            if elapsed is not None:
+                drafted = sum(len(ids) for ids in spec.values())
+                self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
+                self.controller.step_done(len(scheduled), drafted, elapsed, plan)
+        before = {rid: self.requests.get(rid) for rid in scheduled}
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        for engine_id, request in before.items():
+            ledger = self.spec_ledger.get(engine_id)
+            if request is None or ledger is None:
+                continue  # finished in this step: its last proposal stays undecided
+            book = self._books.get(engine_id)
+            for resolved in book.feed(request.output_token_ids) if book is not None else ():
+                self.controller.observe(engine_id, resolved)
+            new_tokens = request.num_output_tokens - ledger.tokens_seen
+            ledger.tokens_seen = request.num_output_tokens
+            self.controller.count(ledger.phase, ledger.depth, new_tokens)
+        self._last_update = time.perf_counter()
+        return result
+
+    def _step_seconds(self, started: float, tokens: int) -> float | None:
+        """How long the step's forward pass took (padded under emulation).
+
+        Sync scheduling: schedule() to update_from_output() brackets exactly one
+        forward pass (and the drafting after it). Async scheduling: a step is
+        scheduled while the previous one runs, so the bracket spans two; what
+        measures one step there is the time between two consecutive updates,
+        counted only when this step was already queued when the previous one
+        finished (the worker went straight from one to the other, no idle gap).
+        """
+        now = time.perf_counter()
+        if isinstance(self, AsyncScheduler):
+            return now - self._last_update if self._last_update and started < self._last_update else None
+        elapsed = now - started
+        if self.emulation is not None:
+            target = self.emulation.target_s(tokens)
+            if elapsed < target:
+                time.sleep(target - elapsed)
+                self.pads.padded += 1
+                elapsed = target
+            else:
+                self.pads.overrun += 1
+        return elapsed
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         # Before the base class: the async scheduler sizes its placeholders from it.
-        if self._lower_batch_k and scheduler_output.num_scheduled_tokens:
+        full_draft = self._plan is not None and self._plan.full_draft
+        if self._lower_batch_k and scheduler_output.num_scheduled_tokens and not full_draft:
             wanted = max(
                 self.num_spec_tokens if depth is None else depth
                 for depth in map(self.spec_ledger.depth_of, scheduler_output.num_scheduled_tokens)
@@ -133,6 +241,7 @@ class DepthScheduler(Scheduler):
             scheduler_output.num_spec_tokens_to_schedule = min(
                 scheduler_output.num_spec_tokens_to_schedule, max(wanted, 1)
             )
+        self._draft_limit = scheduler_output.num_spec_tokens_to_schedule or self.num_spec_tokens
         super()._update_after_schedule(scheduler_output)
 
     def make_spec_decoding_stats(  # type: ignore[no-untyped-def]
@@ -141,6 +250,13 @@ class DepthScheduler(Scheduler):
         if num_draft_tokens:  # the same rule vLLM applies before counting a draft
             drafted = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
             self.spec_ledger.observe(request_id, self.current_step, drafted, num_accepted_tokens)
+            book = self._books.get(request_id)
+            if book is not None:
+                book.verified(num_accepted_tokens)
+            elif not self._shadow and (ledger := self.spec_ledger.get(request_id)) is not None:
+                # No drafts to match: the verified positions are all there is.
+                seen = Resolved(drafted, drafted, num_accepted_tokens, drafted, ledger.phase)
+                self.controller.observe(request_id, seen)
         return super().make_spec_decoding_stats(
             spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id
         )
@@ -148,6 +264,8 @@ class DepthScheduler(Scheduler):
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Every finished and aborted request passes here exactly once.
         self.spec_ledger.finish(request.request_id)
+        self._books.pop(request.request_id, None)
+        self.controller.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
 
@@ -169,9 +287,18 @@ def _ledger(core: EngineCore) -> SpecLedger:
     return scheduler.spec_ledger
 
 
-def _set_depth(self: EngineCore, group: str, depth: int, phase: str | None) -> bool:
+def _set_depth(self: EngineCore, group: str, depth: int, phase: str | None, adaptive: bool = False) -> bool:
     scheduler = self.scheduler
-    return _ledger(self).set_depth(group, depth, phase, scheduler.current_step)  # type: ignore[attr-defined]
+    return _ledger(self).set_depth(group, depth, phase, scheduler.current_step, adaptive)  # type: ignore[attr-defined]
+
+
+def _controller_state(self: EngineCore, reset_window: bool) -> dict[str, Any]:
+    _ledger(self)  # raises if the hook is missing
+    scheduler: DepthScheduler = self.scheduler  # type: ignore[assignment]
+    state = scheduler.controller.snapshot(reset_window)
+    emulation = scheduler.emulation
+    state["emulation"] = {**emulation.describe(), **scheduler.pads.as_dict()} if emulation is not None else None
+    return state
 
 
 def _stats(self: EngineCore, group: str) -> dict[str, Any] | None:
@@ -195,12 +322,25 @@ def _drain_steps(self: EngineCore) -> list[tuple[int, int, int, float]]:
     return steps
 
 
+def _configure_controller(self: EngineCore, changes: dict[str, Any]) -> dict[str, Any]:
+    """Change controller settings at run time (benchmarks and tests); returns the old values."""
+    _ledger(self)
+    controller: DepthController = self.scheduler.controller  # type: ignore[attr-defined]
+    old = {name: getattr(controller.settings, name) for name in changes}
+    if "explore_depths" in changes:
+        changes = {**changes, "explore_depths": tuple(changes["explore_depths"])}
+    controller.settings = replace(controller.settings, **changes)
+    return old
+
+
 UTILITY_METHODS = {
     "phasespec_set_depth": _set_depth,
     "phasespec_stats": _stats,
     "phasespec_pop_stats": _pop_stats,
     "phasespec_hook_state": _hook_state,
     "phasespec_drain_steps": _drain_steps,
+    "phasespec_controller_state": _controller_state,
+    "phasespec_configure_controller": _configure_controller,
 }
 for _name, _method in UTILITY_METHODS.items():
     setattr(EngineCore, _name, _method)

@@ -40,6 +40,8 @@ class SpecRequest:
     depth: int | None = None
     """Initial depth (None: K)."""
     phase: str = DEFAULT_PHASE
+    adaptive: bool = False
+    """``depth`` is a cap; the engine's controller chooses 0..cap every step."""
     trace: bool = False
     """Record every verify step (engine step, drafted, accepted, phase)."""
     final: dict[str, Any] | None = field(default=None)
@@ -51,8 +53,8 @@ class OutputObserver(Protocol):
 
     def start(self) -> SpecRequest: ...
 
-    def on_output(self, output: RequestOutput) -> tuple[int, str] | None:
-        """(depth, phase) when the request's depth must change."""
+    def on_output(self, output: RequestOutput) -> tuple[int, str, bool] | None:
+        """(depth or cap, phase, adaptive) when the hook must be told."""
 
     def finish(self, spec_stats: dict[str, Any] | None, aborted: bool) -> Any: ...
 
@@ -74,7 +76,7 @@ def apply_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_
 def attach_spec_meta(params: SamplingParams, request_id: str, spec: SpecRequest, max_depth: int) -> None:
     """Carry the depth hook's metadata to the scheduler in ``extra_args``."""
     depth = max_depth if spec.depth is None else validate_depth(spec.depth, max_depth)
-    meta = {"group": request_id, "depth": depth, "phase": spec.phase, "trace": spec.trace}
+    meta = {"group": request_id, "depth": depth, "phase": spec.phase, "trace": spec.trace, "adaptive": spec.adaptive}
     params.extra_args = {**(params.extra_args or {}), EXTRA_KEY: meta}
 
 
@@ -154,14 +156,16 @@ class PhasespecLLM(AsyncLLM):
                     self._cleanup_tasks.add(task)
                     task.add_done_callback(self._cleanup_tasks.discard)
 
-    async def set_spec_depth(self, request_id: str, depth: int, phase: str | None = None) -> bool:
-        """Set a running request's depth from the next engine step on.
+    async def set_spec_depth(
+        self, request_id: str, depth: int, phase: str | None = None, adaptive: bool = False
+    ) -> bool:
+        """Set a running request's depth (``adaptive``: its cap) from the next engine step on.
 
         Returns False (and logs) for an unknown or finished request; raises
         ``DepthError`` for a depth outside 0..K.
         """
         validate_depth(depth, self.max_spec_depth)
-        applied = any(await self._utility("phasespec_set_depth", request_id, depth, phase))
+        applied = any(await self._utility("phasespec_set_depth", request_id, depth, phase, adaptive))
         if not applied:
             logger.info("set_spec_depth: no running request %s (finished or unknown)", request_id)
         return applied
@@ -180,6 +184,15 @@ class PhasespecLLM(AsyncLLM):
             for key, n in sizes.items():
                 totals[key] = totals.get(key, 0) + n
         return totals
+
+    async def controller_state(self, reset_window: bool = False) -> dict[str, Any]:
+        """The adaptive controller's estimates and emulation, per engine rank."""
+        ranks = await self._utility("phasespec_controller_state", reset_window)
+        return ranks[0] if len(ranks) == 1 else {"ranks": ranks}
+
+    async def configure_controller(self, **changes: Any) -> dict[str, Any]:
+        """Change controller settings (engine/controller.py ControllerSettings) at run time; returns the old ones."""
+        return dict((await self._utility("phasespec_configure_controller", changes))[0])
 
     async def drain_step_log(self) -> list[tuple[int, int, int, float]]:
         """Decode steps since the last call: (requests, tokens verified, drafts, seconds)."""

@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
-from engine.hook import scheduler_class
+from engine.hook import EXTRA_KEY, scheduler_class
 from engine.llm import PhasespecLLM, RequestDefaults
 
 
 @asynccontextmanager
-async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> AsyncIterator[PhasespecLLM]:
+async def open_engine(
+    args: argparse.Namespace, defaults: RequestDefaults, hook_options: dict[str, Any] | None = None
+) -> AsyncIterator[PhasespecLLM]:
     """Start vLLM's engine core (its own child process) and stop it on exit.
 
     Mirrors ``vllm serve``'s ``build_async_engine_client_from_engine_args`` so
@@ -24,7 +26,7 @@ async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> As
     engine_args = AsyncEngineArgs.from_cli_args(args)
     usage = UsageContext.OPENAI_API_SERVER
     vllm_config = engine_args.create_engine_config(usage_context=usage)
-    install_depth_hook(vllm_config)
+    install_depth_hook(vllm_config, hook_options or {})
     engine = cast(
         PhasespecLLM,
         PhasespecLLM.from_vllm_config(
@@ -43,12 +45,17 @@ async def open_engine(args: argparse.Namespace, defaults: RequestDefaults) -> As
         engine.shutdown(timeout=vllm_config.shutdown_timeout)
 
 
-def install_depth_hook(vllm_config: Any) -> None:
+def install_depth_hook(vllm_config: Any, options: dict[str, Any]) -> None:
     """Make vLLM build phasespec's scheduler (engine/hook.py) in the engine core.
 
     Naming a scheduler class stops vLLM from picking its async scheduler by
-    itself, so the hook's twin is chosen from the resolved setting.
+    itself, so the hook's twin is chosen from the resolved setting. The hook's
+    options (controller, emulation) travel in ``additional_config``, which
+    vLLM hands to the engine core with the rest of its config.
     """
+    if not isinstance(vllm_config.additional_config, dict):
+        raise ValueError("phasespec's depth hook needs additional_config to be a dict")
+    vllm_config.additional_config[EXTRA_KEY] = options
     sched = vllm_config.scheduler_config
     if sched.scheduler_cls is not None:
         raise ValueError(f"--scheduler-cls {sched.scheduler_cls!r} cannot be combined with phasespec's depth hook")

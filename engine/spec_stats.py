@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_PHASE = "default"
+DECISION_LOG_CAP = 64
 
 
 class DepthError(ValueError):
@@ -78,11 +79,21 @@ class RequestLedger:
 
     group: str
     depth: int
+    """The depth the next step verifies at (an adaptive request's latest choice)."""
     phase: str
     max_depth: int
+    adaptive: bool = False
+    cap: int = 0
+    """Adaptive: the largest depth the controller may choose."""
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
     depth_log: list[tuple[int, int, str]] = field(default_factory=list)
-    """(engine step, depth, phase) at submission and at every change."""
+    """(engine step, depth or cap, phase) at submission and at every change from the front end."""
+    decisions: list[list[Any]] = field(default_factory=list)
+    """Adaptive: [engine step, depth, phase, acceptance by position, ms per extra draft] at each
+    change of the chosen depth (the first DECISION_LOG_CAP)."""
+    decisions_total: int = 0
+    explored_steps: int = 0
+    tokens_seen: int = 0
     trace: list[tuple[int, int, int, str]] | None = None
     """(engine step, drafted, accepted, phase) per verify step, when asked for."""
 
@@ -93,6 +104,19 @@ class RequestLedger:
         counters.observe(drafted, accepted)
         if self.trace is not None:
             self.trace.append((step, drafted, accepted, self.phase))
+
+    def set_mode(self, depth: int, adaptive: bool) -> None:
+        self.adaptive = adaptive
+        self.cap = depth
+        self.depth = depth
+
+    def choose(self, step: int, depth: int, why: list[float], per_draft_ms: float | None) -> None:
+        """The controller's depth for the next step (logged when it changes)."""
+        if depth != self.depth or not self.decisions_total:
+            self.decisions_total += 1
+            if len(self.decisions) < DECISION_LOG_CAP:
+                self.decisions.append([step, depth, self.phase, [round(c, 3) for c in why], per_draft_ms])
+        self.depth = depth
 
 
 def summarize(ledgers: list[RequestLedger]) -> dict[str, Any]:
@@ -108,6 +132,10 @@ def summarize(ledgers: list[RequestLedger]) -> dict[str, Any]:
         "phases": {name: c.as_dict() for name, c in phases.items()},
         "depth_log": [list(entry) for entry in first.depth_log],
     }
+    if first.adaptive or first.decisions_total:
+        summary["decisions"] = first.decisions
+        summary["decisions_total"] = first.decisions_total
+        summary["explored_steps"] = sum(ledger.explored_steps for ledger in ledgers)
     if first.trace is not None:
         summary["trace"] = [list(entry) for ledger in ledgers for entry in ledger.trace or ()]
     return summary
@@ -128,9 +156,14 @@ class SpecLedger:
         self._groups: dict[str, list[str]] = {}
         self._finished: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._finishing: dict[str, list[RequestLedger]] = {}
+        self.annotations: dict[str, Any] = {}
+        """Added to every summary (the step emulation, when one is on)."""
 
-    def register(self, engine_id: str, group: str, depth: int, phase: str, step: int, trace: bool) -> None:
+    def register(
+        self, engine_id: str, group: str, depth: int, phase: str, step: int, trace: bool, adaptive: bool = False
+    ) -> None:
         ledger = RequestLedger(group, validate_depth(depth, self.max_depth), phase, self.max_depth)
+        ledger.set_mode(depth, adaptive)
         ledger.depth_log.append((step, ledger.depth, phase))
         if trace:
             ledger.trace = []
@@ -141,18 +174,20 @@ class SpecLedger:
         ledger = self._live.get(engine_id)
         return ledger.depth if ledger is not None else None
 
-    def live_depths(self) -> list[int]:
-        return [ledger.depth for ledger in self._live.values()]
+    def get(self, engine_id: str) -> RequestLedger | None:
+        return self._live.get(engine_id)
 
-    def set_depth(self, group: str, depth: int, phase: str | None, step: int) -> bool:
-        """Apply to every live request of the group; False if there is none."""
+    def set_depth(self, group: str, depth: int, phase: str | None, step: int, adaptive: bool = False) -> bool:
+        """Apply to every live request of the group; False if there is none.
+
+        ``adaptive``: ``depth`` is a cap and the controller chooses below it."""
         validate_depth(depth, self.max_depth)
         members = self._groups.get(group)
         if not members:
             return False
         for engine_id in members:
             ledger = self._live[engine_id]
-            ledger.depth = depth
+            ledger.set_mode(depth, adaptive)
             ledger.phase = phase if phase is not None else ledger.phase
             ledger.depth_log.append((step, depth, ledger.phase))
         return True
@@ -165,7 +200,7 @@ class SpecLedger:
     def snapshot(self, group: str) -> dict[str, Any] | None:
         members = self._groups.get(group)
         if members:
-            return summarize([self._live[e] for e in members] + self._finishing.get(group, []))
+            return {**summarize([self._live[e] for e in members] + self._finishing.get(group, [])), **self.annotations}
         return self._finished.get(group)
 
     def finish(self, engine_id: str) -> None:
@@ -180,7 +215,7 @@ class SpecLedger:
             self._finishing[ledger.group] = done
             return
         del self._groups[ledger.group]
-        self._finished[ledger.group] = summarize(done)
+        self._finished[ledger.group] = {**summarize(done), **self.annotations}
         while len(self._finished) > self.finished_cap:
             self._finished.popitem(last=False)
 

@@ -34,16 +34,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=20, help="requests per cell (distinct prompts)")
     parser.add_argument("--reasoning-budget", type=int, default=48, help="thinking tokens per request")
     parser.add_argument("--answer-tokens", type=int, default=16, help="answer tokens per request")
-    parser.add_argument("--policies", default="all", help="'all' or e.g. '0:0,1:1,1:2' (reasoning:answer)")
+    parser.add_argument(
+        "--policies",
+        default="all",
+        help="'all' (every map, then adaptive) or e.g. '0:0,1:2,adaptive' (reasoning:answer)",
+    )
+    parser.add_argument(
+        "--emulate",
+        default=None,
+        help="EMULATION, not this machine: pad decode steps to 'A+B*tokens' ms or a profile ('moe-offload')",
+    )
+    parser.add_argument("--emulate-scale", type=float, default=1.0, help="multiplies the emulated step time")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
     return parser.parse_args(argv)
 
 
 def parse_policies(text: str, max_depth: int) -> list[Policy]:
+    adaptive = Policy(max_depth, max_depth, adaptive=True)
     if text == "all":
-        return policy_grid(max_depth)
+        return [*policy_grid(max_depth), adaptive]
     policies = []
     for item in text.split(","):
+        if item == "adaptive":
+            policies.append(adaptive)
+            continue
         reasoning, answer = (int(x) for x in item.split(":"))
         if not (0 <= reasoning <= max_depth and 0 <= answer <= max_depth):
             raise SystemExit(f"policy {item}: depths must be in 0..{max_depth}")
@@ -64,7 +78,7 @@ async def run_cell(
 ) -> tuple[Cell, list[list[Any]], list[list[int]]]:
     from vllm.sampling_params import SamplingParams
 
-    from proxy.observer import XARG_DEPTH, XARG_STATS
+    from proxy.observer import XARG_DEPTH, XARG_POLICY, XARG_STATS
 
     max_tokens = cfg.reasoning_budget + end_len + cfg.answer_tokens
     gate = asyncio.Semaphore(concurrency)
@@ -80,6 +94,7 @@ async def run_cell(
             extra_args={
                 XARG_DEPTH + "reasoning": policy.reasoning,
                 XARG_DEPTH + "answer": policy.answer,
+                XARG_POLICY: "adaptive" if policy.adaptive else "static",
                 XARG_STATS: 1,
             },
         )
@@ -93,6 +108,7 @@ async def run_cell(
             add_phase(cell.phases.setdefault(name, {}), counters)
 
     await engine.drain_step_log()
+    await engine.controller_state(reset_window=True)
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     cell.wall_s = time.perf_counter() - start
@@ -104,18 +120,24 @@ async def run_cell(
             if output != ref:
                 first = next((j for j, (a, b) in enumerate(zip(output, ref, strict=False)) if a != b), len(ref))
                 log(f"  {policy.name} prompt {i}: differs from the uncapped output at token {first}")
+    if policy.adaptive:
+        window = (await engine.controller_state(reset_window=True))["phases"]
+        cell.chosen = {name: stats["steps_by_depth"] for name, stats in window.items() if sum(stats["steps_by_depth"])}
     steps = [[concurrency, *step] for step in await engine.drain_step_log()]
     return cell, steps, outputs
 
 
 async def main_async(cfg: argparse.Namespace) -> Path:
     from config import Settings
-    from engine.args import apply_environment, build_vllm_namespace, request_defaults
+    from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
     from engine.runtime import open_engine
     from proxy.app import attach_observers
     from proxy.observer import StatsBoard
 
     settings = Settings()  # type: ignore[call-arg]
+    if cfg.emulate:
+        settings.engine.emulate_step_ms = cfg.emulate
+        settings.engine.emulate_scale = cfg.emulate_scale
     apply_environment(settings)
     args = build_vllm_namespace(settings)
     out = cfg.out or Path("load/results") / time.strftime("policies-%Y%m%d-%H%M%S")
@@ -123,7 +145,8 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     board = StatsBoard(cap=100_000)
     cells: list[Cell] = []
     steps: list[list[Any]] = []
-    async with open_engine(args, request_defaults(settings)) as engine:
+    emulation, state = None, {}
+    async with open_engine(args, request_defaults(settings), hook_options(settings)) as engine:
         attach_observers(engine, args, settings, board)
         k = engine.max_spec_depth
         policies = parse_policies(cfg.policies, k)
@@ -143,7 +166,9 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 )
                 cells.append(cell)
                 steps.extend(cell_steps)
-                log(f"rep {rep} c={conc:<3} {policy.name:<9} {cell.tok_s:7.1f} tok/s")
+                log(f"rep {rep} c={conc:<3} {policy.name:<9} {cell.tok_s:7.1f} tok/s {cell.chosen or ''}")
+        state = await engine.controller_state()
+        emulation = state.get("emulation")
     rows = summarize(cells)
     curve = cost_curve([(s[0], s[1], s[2], s[3], s[4]) for s in steps])
     write_csv(out / "policies.csv", rows)
@@ -159,12 +184,16 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 "wall_s": round(c.wall_s, 3),
                 "tokens": c.tokens,
                 "phases": json.dumps(c.phases),
+                "chosen": json.dumps(c.chosen),
             }
             for c in cells
         ],
     )
     write_chart(out / "policies.png", rows, curve)
-    (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2))
+    (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2, default=str))
+    (out / "controller.json").write_text(json.dumps(state, indent=2))
+    if emulation:
+        log(f"EMULATED step cost {emulation['step_ms']} ms: {emulation['overrun_share']:.2%} of steps overran it")
     print_summary(rows)
     log(f"wrote {out}")
     return out
@@ -178,6 +207,8 @@ SUMMARY_COLUMNS = [
     ("vs_none", "vs none", 7),
     ("vs_best_fixed_here", "vs best fixed here", 18),
     ("vs_best_fixed_overall", "vs best fixed all", 17),
+    ("vs_best_static_here", "vs best static here", 19),
+    ("vs_user_map", "vs map-1-2", 10),
     ("reasoning_acceptance", "acc R", 6),
     ("answer_acceptance", "acc A", 6),
     ("outputs_match_uncapped", "match", 6),

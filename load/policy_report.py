@@ -21,16 +21,23 @@ PHASES = ("reasoning", "answer")
 class Policy:
     reasoning: int
     answer: int
+    adaptive: bool = False
+    """Adaptive: reasoning and answer are caps; the engine's controller chooses."""
 
     @property
     def name(self) -> str:
+        if self.adaptive:
+            return "adaptive"
         if self.reasoning == self.answer:
             return "none" if self.reasoning == 0 else f"fixed-{self.reasoning}"
         return f"map-{self.reasoning}-{self.answer}"
 
     @property
     def fixed(self) -> bool:
-        return self.reasoning == self.answer
+        return self.reasoning == self.answer and not self.adaptive
+
+    def sort_key(self) -> tuple[bool, int, int]:
+        return (self.adaptive, self.reasoning, self.answer)
 
 
 def policy_grid(max_depth: int) -> list[Policy]:
@@ -50,6 +57,8 @@ class Cell:
     matches_uncapped: int | None = None
     """Requests whose greedy output equalled the uncapped policy's (concurrency 1)."""
     requests: int = 0
+    chosen: dict[str, list[int]] = field(default_factory=dict)
+    """Adaptive cells: engine steps at each depth, per phase (the controller's choices)."""
 
     @property
     def tok_s(self) -> float:
@@ -95,8 +104,10 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
         if fixed
         else None
     )
+    static = {key: v for key, v in mean_tok_s.items() if not key[1].adaptive}
+    best_static_at = {conc: max((v, p) for (c, p), v in static.items() if c == conc) for conc, _ in static}
     rows = []
-    for (conc, policy), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1].reasoning, kv[0][1].answer)):
+    for (conc, policy), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1].sort_key())):
         tok_s, spread = _mean_spread([c.tok_s for c in group])
         none = mean_tok_s.get((conc, Policy(0, 0)))
         overall = mean_tok_s.get((conc, best_fixed_policy)) if best_fixed_policy else None
@@ -116,7 +127,11 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
             "vs_best_fixed_here": round(tok_s / best_fixed_at[conc], 3) if conc in best_fixed_at else None,
             "vs_best_fixed_overall": round(tok_s / overall, 3) if overall else None,
             "best_fixed_overall": best_fixed_policy.name if best_fixed_policy else None,
+            "vs_best_static_here": _ratio(tok_s, best_static_at.get(conc, (None,))[0]),
+            "best_static_here": best_static_at[conc][1].name if conc in best_static_at else None,
+            "vs_user_map": _ratio(tok_s, mean_tok_s.get((conc, USER_MAP))),
             "outputs_match_uncapped": _matches(group),
+            "chosen_depths": _chosen(group),
         }
         for name in PHASES:
             phase = phases.get(name, {})
@@ -126,6 +141,25 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
             row[f"{name}_acceptance_by_pos"] = position_acceptance(phase)
         rows.append(row)
     return rows
+
+
+USER_MAP = Policy(1, 2)
+"""The static map of the user in shared/context: reasoning 1, answer 2."""
+
+
+def _ratio(value: float, against: float | None) -> float | None:
+    return round(value / against, 3) if against else None
+
+
+def _chosen(group: list[Cell]) -> dict[str, list[int]] | None:
+    """Steps at each depth per phase, summed over an adaptive policy's repetitions."""
+    total: dict[str, list[int]] = {}
+    for cell in group:
+        for phase, steps in cell.chosen.items():
+            have = total.setdefault(phase, [0] * len(steps))
+            for depth, n in enumerate(steps):
+                have[depth] += n
+    return total or None
 
 
 def _matches(group: list[Cell]) -> str | None:
@@ -175,7 +209,9 @@ def write_chart(path: Path, rows: list[dict[str, Any]], curve: list[dict[str, An
     for ax, conc in zip(axes, concurrencies, strict=False):
         here = [r for r in rows if r["concurrency"] == conc]
         colors = [
-            "tab:gray"
+            "tab:green"
+            if r["policy"] == "adaptive"
+            else "tab:gray"
             if r["policy"] == "none"
             else "tab:blue"
             if r["reasoning_depth"] == r["answer_depth"]

@@ -9,13 +9,15 @@ and puts its middleware in front.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI
 
 from config import Settings
-from engine.args import apply_environment, build_vllm_namespace, request_defaults
+from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
 from engine.hook import check_vllm_version
 from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
@@ -23,10 +25,12 @@ from proxy.admission import AdmissionMiddleware
 from proxy.auth import ApiKeyMiddleware
 from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats
 from proxy.observer import ObserverFactory, StatsBoard
+from proxy.overrides import PHASES as PHASE_NAMES
 from proxy.overrides import OverrideMiddleware
 from proxy.phases import markers_from_vllm
-from proxy.policy import PhaseDepths
+from proxy.policy import ADAPTIVE, PhaseDepths
 from proxy.state import router as state_router
+from proxy.summary import run_summaries
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -41,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     vllm_app = build_app(args, ("generate",), None)
     defaults = request_defaults(settings)
+    options = hook_options(settings)
 
     board = StatsBoard()
     max_depth = 0
@@ -50,15 +55,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         nonlocal max_depth
         # A mounted app's own lifespan never runs: start vLLM's from here,
         # once its state (engine, OpenAI handlers) exists.
-        async with open_engine(args, defaults) as engine:
+        async with open_engine(args, defaults, options) as engine:
             max_depth = engine.max_spec_depth
             attach_observers(engine, args, settings, board)
             tasks = await engine.get_supported_tasks()
             await init_app_state(engine, vllm_app.state, args, tasks)
             app.state.engine = engine
             app.state.board = board
-            async with vllm_app.router.lifespan_context(vllm_app):
-                yield
+            summaries = None
+            if max_depth:
+                summaries = asyncio.create_task(run_summaries(engine, settings.adaptive.summary_interval_s))
+            try:
+                async with vllm_app.router.lifespan_context(vllm_app):
+                    yield
+            finally:
+                if summaries is not None:
+                    summaries.cancel()
 
     app = FastAPI(title="phasespec", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.settings = settings
@@ -78,15 +90,24 @@ def attach_observers(engine: PhasespecLLM, args: argparse.Namespace, settings: S
         model=args.served_model_name[0] if args.served_model_name else args.model,
         markers=markers_from_vllm(engine.vllm_config, engine.get_tokenizer(), args.tool_call_parser),
         depths=phase_depths(settings),
+        policies={name: phase_depths(settings, name) for name in ("static", "adaptive")},
         max_depth=engine.max_spec_depth,
         board=board,
     )
 
 
-def phase_depths(settings: Settings) -> PhaseDepths | None:
+def phase_depths(settings: Settings, policy: str | None = None) -> PhaseDepths | None:
+    """The server's policy (or ``policy`` instead of the configured one).
+
+    Static: the per-phase depths. Adaptive: the per-phase depths the user set
+    become caps; unset phases are capped at K."""
     phases = settings.phases
-    if not phases.switching:
+    policy = policy or phases.policy
+    if not phases.switching and policy == phases.policy:
         return None
+    if policy == "adaptive":
+        caps = {name: getattr(phases, name) for name in PHASE_NAMES if name in phases.model_fields_set}
+        return replace(ADAPTIVE, **caps)
     return PhaseDepths(reasoning=phases.reasoning, answer=phases.answer, tool_call=phases.tool_call)
 
 

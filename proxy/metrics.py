@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +16,10 @@ class PhaseMetrics:
     accepted: Counter
     switches: Counter
     decode_rate: Histogram
+    acceptance: Gauge
+    phase_rate: Gauge
+    depth_steps: Counter
+    cost_per_draft: Gauge
 
 
 @lru_cache(maxsize=1)
@@ -40,6 +44,24 @@ def phase_metrics() -> PhaseMetrics:
             "Per-request decode rate within a phase",
             labels,
             buckets=(1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400),
+            registry=registry,
+        ),
+        acceptance=Gauge(
+            "phasespec_acceptance_by_position",
+            "Estimated probability that drafts 1..position are all accepted, by phase",
+            ["phase", "position"],
+            registry=registry,
+        ),
+        phase_rate=Gauge(
+            "phasespec_phase_tokens_per_second", "Tokens generated per second, by phase", labels, registry=registry
+        ),
+        depth_steps=Counter(
+            "phasespec_depth_steps", "Engine steps at each depth, by phase", ["phase", "depth"], registry=registry
+        ),
+        cost_per_draft=Gauge(
+            "phasespec_cost_per_draft_ms",
+            "Estimated step time of one more verified draft token, by batch-size bucket",
+            ["batch"],
             registry=registry,
         ),
     )

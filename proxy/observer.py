@@ -29,6 +29,7 @@ log = structlog.get_logger("phasespec.request")
 XARG_DEPTH = "phasespec_depth_"
 XARG_STATS = "phasespec_stats"
 XARG_EXPECT_USAGE = "phasespec_expect_usage"
+XARG_POLICY = "phasespec_policy"
 
 
 class StatsBoard:
@@ -91,13 +92,20 @@ class RequestObserver:
     decode_tokens: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
     timeline: list[tuple[float, str, int]] = field(default_factory=list)
 
+    @property
+    def adaptive(self) -> bool:
+        return self.depths is not None and self.depths.adaptive
+
     def start(self) -> SpecRequest:
         self.depth = choose_depth(self.tracker.phase, self.depths, self.max_depth)
         self.timeline.append((0.0, self.tracker.phase.value, self.depth))
-        return SpecRequest(depth=self.depth, phase=self.tracker.phase.value)
+        return SpecRequest(depth=self.depth, phase=self.tracker.phase.value, adaptive=self.adaptive)
 
-    def on_output(self, output: RequestOutput) -> tuple[int, str] | None:
-        """Feed one engine output; returns (depth, phase) when the depth hook must change."""
+    def on_output(self, output: RequestOutput) -> tuple[int, str, bool] | None:
+        """Feed one engine output; returns (depth or cap, phase, adaptive) at a phase change.
+
+        The hook tags counters with the phase, and an adaptive request restarts
+        from the new phase's estimates there."""
         # n>1: the first completion steers the group (a delta may carry only others).
         completion = next((c for c in output.outputs if c.index == 0), None)
         if completion is None:
@@ -132,7 +140,7 @@ class RequestObserver:
         if depth != self.depth:
             phase_metrics().switches.labels(phase.value).inc()
         self.depth = depth
-        return depth, phase.value
+        return depth, phase.value, self.adaptive
 
     def finish(self, spec_stats: dict[str, Any] | None, aborted: bool) -> dict[str, Any]:
         counters = (spec_stats or {}).get("phases", {})
@@ -165,8 +173,12 @@ class RequestObserver:
             "ttft_s": _since(self.started, self.first_token_at),
             "time_to_first_answer_s": _since(self.started, self.first_answer_at),
             "phases": phases,
+            "policy": "adaptive" if self.adaptive else ("static" if self.depths is not None else "off"),
             "depth_timeline": [list(entry) for entry in self.timeline],
         }
+        for key in ("decisions", "decisions_total", "explored_steps", "emulation"):
+            if spec_stats and key in spec_stats:
+                report[key] = spec_stats[key]
         log.info("request_finished", **report)
         if self.board is not None and not aborted:
             self.board.put(self.request_id, report, self.expect_usage)
@@ -186,11 +198,16 @@ class ObserverFactory:
     depths: PhaseDepths | None
     max_depth: int
     board: StatsBoard
+    policies: dict[str, PhaseDepths | None] = field(default_factory=dict)
+    """The server's settings as each policy, for requests that ask for one."""
 
     def __call__(self, request_id: str, params: SamplingParams, reasoning_ended: bool | None) -> RequestObserver:
         xargs = params.extra_args or {}
         depths = self.depths
-        override = {
+        policy = xargs.get(XARG_POLICY)
+        if policy in self.policies:
+            depths = self.policies[policy]
+        override: dict[str, Any] = {
             name: int(xargs[XARG_DEPTH + name])
             for name in ("reasoning", "answer", "tool_call")
             if XARG_DEPTH + name in xargs

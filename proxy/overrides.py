@@ -2,7 +2,9 @@
 
 A client may steer its own request::
 
-    {"phasespec": {"depths": {"reasoning": 0, "answer": 3}, "stats": true}}
+    {"phasespec": {"policy": "adaptive", "depths": {"reasoning": 0, "answer": 3}, "stats": true}}
+
+(under ``adaptive`` the depths are caps).
 
 The field is validated here (a bad value is an OpenAI-style 400 naming the
 field), then moved into ``vllm_xargs``, vLLM's own channel for extra
@@ -19,11 +21,12 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.errors import openai_error
-from proxy.observer import XARG_DEPTH, XARG_EXPECT_USAGE, XARG_STATS
+from proxy.observer import XARG_DEPTH, XARG_EXPECT_USAGE, XARG_POLICY, XARG_STATS
 
 PATHS = ("/v1/chat/completions", "/v1/completions")
 FIELD = "phasespec"
 PHASES = ("reasoning", "answer", "tool_call")
+POLICIES = ("static", "adaptive")
 
 
 class OverrideError(ValueError):
@@ -32,14 +35,21 @@ class OverrideError(ValueError):
         self.param = param
 
 
-def override_xargs(value: Any, max_depth: int, stream_usage: bool) -> dict[str, int]:
+def override_xargs(value: Any, max_depth: int, stream_usage: bool) -> dict[str, int | str]:
     """Validate the ``phasespec`` field; return the vllm_xargs entries it becomes."""
     if not isinstance(value, dict):
         raise OverrideError("'phasespec' must be an object", FIELD)
-    unknown = set(value) - {"depths", "stats"}
+    unknown = set(value) - {"depths", "stats", "policy"}
     if unknown:
         raise OverrideError(f"unknown field(s) {sorted(unknown)} in 'phasespec'", f"{FIELD}.{sorted(unknown)[0]}")
-    xargs: dict[str, int] = {}
+    xargs: dict[str, int | str] = {}
+    if "policy" in value:
+        policy = value["policy"]
+        if policy not in POLICIES:
+            raise OverrideError(
+                f"'{FIELD}.policy' must be one of {', '.join(POLICIES)}, got {policy!r}", f"{FIELD}.policy"
+            )
+        xargs[XARG_POLICY] = policy
     depths = value.get("depths", {})
     if not isinstance(depths, dict):
         raise OverrideError("'phasespec.depths' must be an object of phase: depth", f"{FIELD}.depths")

@@ -12,7 +12,12 @@ router = APIRouter()
 @router.get("/phasespec/state")
 async def state(request: Request) -> dict[str, Any]:
     engine = request.app.state.engine
+    settings = request.app.state.settings
+    controller = await engine.controller_state() if engine.max_spec_depth else None
     return {
+        "policy": settings.phases.policy if settings.phases.switching else "off",
+        "emulation": (controller or {}).get("emulation"),
+        "controller": controller,
         "engine": await engine.spec_hook_state(),
         "frontend_unfinished": engine.output_processor.get_num_unfinished_requests(),
         "stats_board": len(request.app.state.board),

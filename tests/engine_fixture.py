@@ -10,16 +10,16 @@ from typing import Any
 from vllm.sampling_params import SamplingParams
 
 from config import Settings
-from engine.args import apply_environment, build_vllm_namespace, request_defaults
+from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
 from engine.llm import PhasespecLLM, SpecRequest
 from engine.runtime import open_engine
 from load.workload import chat_prompt
 
 
 def engine_context(settings: Settings | None = None) -> Any:
-    settings = settings if settings is not None else Settings()
+    settings = settings if settings is not None else Settings()  # type: ignore[call-arg]
     apply_environment(settings)
-    return open_engine(build_vllm_namespace(settings), request_defaults(settings))
+    return open_engine(build_vllm_namespace(settings), request_defaults(settings), hook_options(settings))
 
 
 @dataclass(slots=True)
@@ -52,3 +52,24 @@ async def run(
             if asyncio.iscoroutine(awaited):
                 await awaited
     return result
+
+
+async def probe_shadow_acceptance(engine: PhasespecLLM, requests: int, max_tokens: int) -> dict[str, Any]:
+    """Run ``requests`` copy prompts at once with every step at depth 1 or K drawn at random
+    (the drafter proposing K); return the controller's acceptance by depth verified."""
+    from load.workload import copy_prompt
+
+    k = engine.max_spec_depth
+    old = await engine.configure_controller(explore_share=1.0, explore_depths=[1, k], warmup_steps=0)
+    await engine.controller_state(reset_window=True)
+    try:
+        await asyncio.gather(
+            *(
+                run(engine, copy_prompt(i), f"probe-{i}", SpecRequest(depth=k, adaptive=True), max_tokens=max_tokens)
+                for i in range(requests)
+            )
+        )
+        by_depth: dict[str, Any] = (await engine.controller_state(reset_window=True))["by_verified_depth"]
+    finally:
+        await engine.configure_controller(**old)
+    return by_depth

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,10 +13,13 @@ import pytest_asyncio
 from engine.llm import PhasespecLLM, SpecRequest
 from engine.spec_stats import DepthError
 from load.workload import copy_prompt
-from tests.engine_fixture import engine_context, run
+from tests.engine_fixture import engine_context, probe_shadow_acceptance, run
 
 K = 3
 N_PROMPTS = 10
+SHADOW_TOLERANCE = 0.05
+"""The issue's bound on |shadow acceptance at depth-1 steps - verified acceptance at depth-K steps|;
+the test widens it to 4 standard errors of its sample (load/shadow_check.py measures it on a large one)."""
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -205,3 +209,46 @@ async def test_unknown_request_is_a_no_op_and_bad_depth_an_error(engine: Phasesp
     for bad in (-1, K + 1):
         with pytest.raises(DepthError, match=r"0\.\.3"):
             await engine.set_spec_depth("no-such-request", bad)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: PhasespecLLM) -> None:
+    finals = []
+    for i in range(N_PROMPTS):
+        text = copy_prompt(i)
+        reference = await run(engine, text, f"adaptive-ref-{i}", SpecRequest(depth=K))
+        adaptive = await run(engine, text, f"adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"))
+        assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
+        finals.append(adaptive.spec.final)
+    assert all(f is not None and f["decisions_total"] >= 1 for f in finals)
+    assert sum(f["explored_steps"] for f in finals if f) > 0
+    drafted_counts = {
+        n for f in finals if f for c in f["phases"].values() for n, s in enumerate(c["steps_by_drafted"]) if s
+    }
+    assert len(drafted_counts) >= 2, "the controller verified more than one depth"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_shadow_drafts_agree_with_verification_on_every_verified_step(engine: PhasespecLLM) -> None:
+    await engine.controller_state(reset_window=True)
+    before = await engine.controller_state()
+    await asyncio.gather(
+        *(run(engine, copy_prompt(i), f"shadow-{i}", SpecRequest(depth=K, adaptive=True)) for i in range(6))
+    )
+    after = await engine.controller_state()
+    checked = after["shadow_checked"] - before["shadow_checked"]
+    assert checked > 20
+    assert after["shadow_disagreed"] == before["shadow_disagreed"] == 0
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_shadow_acceptance_at_depth_one_matches_verified_acceptance_at_depth_k(engine: PhasespecLLM) -> None:
+    """Like with like: every step draws depth 1 or K at random (and the drafter proposes K),
+    so the two groups start at the same kind of places."""
+    by_depth = await probe_shadow_acceptance(engine, requests=48, max_tokens=96)
+    shallow, deep = by_depth["1"], by_depth[str(K)]
+    assert shallow["steps"] > 200 and deep["steps"] > 200, by_depth
+    pairs = zip(shallow["acceptance_by_position"], deep["acceptance_by_position"], strict=True)
+    for j, (shadow, real) in enumerate(pairs):
+        se = math.sqrt(shadow * (1 - shadow) / shallow["steps"] + real * (1 - real) / deep["steps"])
+        assert abs(shadow - real) <= max(SHADOW_TOLERANCE, 4 * se), (j + 1, by_depth)

@@ -1,0 +1,146 @@
+"""Acceptance by draft position, learned from verified drafts and shadow drafts.
+
+Pure logic (no vLLM imports); the engine hook feeds it.
+
+For a request at depth d the expected tokens of a verify step are
+``1 + sum(c[j] for j <= d)``, where ``c[j]`` is the probability that drafts
+1..j are *all* accepted (vLLM's per-position acceptance counts the same
+event). The drafter may propose fewer than d drafts (ngram finds no match),
+so the expected number of drafts verified is ``sum(p[j] for j <= d)``, with
+``p[j]`` the probability that it proposed at least j.
+
+**Shadow drafts.** The drafter proposes up to the batch's drafting count
+whatever a request then verifies. A cut draft at position j would have been
+accepted exactly when drafts 1..j equal the next j tokens the target produced:
+for greedy targets by definition, and under random sampling with the same
+probability (the target emits a deterministic draft token x with probability
+p(x), which is its acceptance probability). So every proposal, verified or
+cut, is matched against the tokens that follow it; for the positions the step
+verified, the match length equals vLLM's own accepted count (the rejected
+position's recovered token never equals the draft), which ``ShadowBook``
+checks on every step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """One proposal, matched against what the target produced."""
+
+    observed: int
+    """Positions 1..observed were open to the drafter (the drafting count in force)."""
+    proposed: int
+    """Drafts it proposed (<= observed)."""
+    run: int
+    """Leading drafts equal to the tokens that followed (<= proposed)."""
+    verified: int
+    """Drafts the step verified (the request's depth then)."""
+    phase: str
+    agrees: bool | None = None
+    """min(run, verified) == vLLM's accepted count; None when nothing was verified."""
+
+
+@dataclass(slots=True)
+class PositionRates:
+    """Exponentially weighted per-position estimates of c[j] and p[j] (j = 1..K).
+
+    Each position keeps a weight (observations, decayed by ``keep`` per new
+    one) and weighted sums of "accepted" and "proposed"; a prior counts as
+    ``weight`` observations.
+    """
+
+    keep: float
+    weight: list[float]
+    accepted_sum: list[float]
+    proposed_sum: list[float]
+
+    @classmethod
+    def prior(cls, accepted: Sequence[float], proposed: Sequence[float], weight: float, keep: float) -> PositionRates:
+        return cls(
+            keep=keep,
+            weight=[weight] * len(accepted),
+            accepted_sum=[weight * a for a in accepted],
+            proposed_sum=[weight * p for p in proposed],
+        )
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.weight)
+
+    def accepted(self) -> list[float]:
+        """c[j]: drafts 1..j all accepted (index j-1)."""
+        return [a / w for a, w in zip(self.accepted_sum, self.weight, strict=True)]
+
+    def proposed(self) -> list[float]:
+        """p[j]: the drafter proposed at least j drafts (index j-1)."""
+        return [p / w for p, w in zip(self.proposed_sum, self.weight, strict=True)]
+
+    def observe(self, observed: int, proposed: int, run: int) -> None:
+        keep = self.keep
+        for j in range(min(observed, self.max_depth)):
+            self.weight[j] = self.weight[j] * keep + 1.0
+            self.accepted_sum[j] = self.accepted_sum[j] * keep + (1.0 if j < run else 0.0)
+            self.proposed_sum[j] = self.proposed_sum[j] * keep + (1.0 if j < proposed else 0.0)
+
+    def restart_from(self, other: PositionRates, weight: float) -> None:
+        """Forget this history: start again from ``other``'s estimates, worth ``weight`` observations."""
+        self.weight = [weight] * other.max_depth
+        self.accepted_sum = [weight * a for a in other.accepted()]
+        self.proposed_sum = [weight * p for p in other.proposed()]
+
+    def samples(self) -> list[float]:
+        return list(self.weight)
+
+
+@dataclass(slots=True)
+class _Pending:
+    start: int
+    drafts: list[int]
+    observed: int
+    verified: int
+    phase: str
+    run: int = 0
+    real_accepted: int | None = None
+
+
+@dataclass(slots=True)
+class ShadowBook:
+    """One request's proposals waiting for the tokens that decide them."""
+
+    pending: deque[_Pending] = field(default_factory=deque)
+
+    def propose(self, start: int, drafts: Sequence[int], observed: int, verified: int, phase: str) -> None:
+        """Drafts proposed for output positions ``start``, ``start+1``, ...; ``verified`` of them scheduled."""
+        self.pending.append(_Pending(start, list(drafts), observed, min(verified, len(drafts)), phase))
+
+    def verified(self, accepted: int) -> None:
+        """vLLM's accepted count for the newest proposal's verify step."""
+        if self.pending:
+            self.pending[-1].real_accepted = accepted
+
+    def feed(self, output: Sequence[int]) -> list[Resolved]:
+        """Match pending proposals against the request's output so far; return those decided."""
+        done: list[Resolved] = []
+        still: deque[_Pending] = deque()
+        have = len(output)
+        for entry in self.pending:
+            drafts, start = entry.drafts, entry.start
+            while (
+                entry.run < len(drafts) and start + entry.run < have and output[start + entry.run] == drafts[entry.run]
+            ):
+                entry.run += 1
+            decided = entry.run == len(drafts) or start + entry.run < have
+            if not decided:
+                still.append(entry)
+                continue
+            agrees = None
+            if entry.verified and entry.real_accepted is not None:
+                agrees = min(entry.run, entry.verified) == entry.real_accepted
+            done.append(Resolved(entry.observed, len(drafts), entry.run, entry.verified, entry.phase, agrees))
+        self.pending = still
+        return done

@@ -1,0 +1,289 @@
+"""The adaptive depth controller: every engine step, every adaptive request's depth.
+
+Pure logic (no vLLM imports); the engine hook (engine/hook.py) calls ``plan``
+before vLLM schedules a step and feeds back what the step cost and produced.
+
+The decision: for a batch of requests with per-position acceptance ``c`` and
+proposal rates ``p`` (engine/acceptance.py) and a step cost
+``base + per_draft * drafts`` (engine/cost_model.py), choose depths d_i that
+maximise the batch's expected tokens per second,
+
+    sum_i (1 + sum_{j<=d_i} c_ij) / (base + per_draft * sum_i sum_{j<=d_i} p_ij).
+
+A ratio objective: Dinkelbach's method solves it exactly by iterating
+"given the current rate L, each request independently maximises
+E_i(d) - L * per_draft * V_i(d)", i.e. goes one draft deeper while the
+expected accepted token there is worth more than its time at the batch's
+rate. Each iteration raises L; it stops in a few rounds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.acceptance import PositionRates, Resolved
+from engine.cost_model import CostEstimate, StepCostModel
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    explore_share: float = 0.1
+    """Steps on which adaptive requests take a random depth (what the cost slope is learned from)."""
+    shadow_share: float = 0.25
+    """Steps after which the drafter proposes all K drafts even when no request verifies them."""
+    warmup_steps: int = 24
+    """Adaptive decode steps explored first, before the cost model has random steps."""
+    request_prior_weight: float = 8.0
+    """A request starts from its phase's estimate, worth this many of its own steps."""
+    request_keep: float = 0.95
+    phase_keep: float = 0.995
+    hysteresis: float = 0.01
+    """Keep the batch's previous depths unless the new ones are expected to be this much faster."""
+    explore_depths: tuple[int, ...] = ()
+    """Depths a random step draws from (empty: 0..cap). (1, K) with explore_share 1
+    compares shadow and verified acceptance on like steps."""
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class VerifiedCounts:
+    """Steps fully open to the drafter, by depth verified: how often drafts 1..j matched."""
+
+    steps: int = 0
+    matched: list[int] = field(default_factory=list)
+
+    def add(self, run: int, max_depth: int) -> None:
+        self.matched = self.matched or [0] * max_depth
+        self.steps += 1
+        for j in range(run):
+            self.matched[j] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        rates = [round(m / self.steps, 4) for m in self.matched] if self.steps else []
+        return {"steps": self.steps, "acceptance_by_position": rates}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    accepted: Sequence[float]
+    """c[j]: drafts 1..j all accepted, j = 1..K."""
+    proposed: Sequence[float]
+    """p[j]: at least j drafts proposed."""
+    low: int
+    high: int
+    """Depths allowed: low..high (a fixed-depth request has low == high)."""
+
+
+def _prefix(values: Sequence[float], depth: int) -> float:
+    return sum(values[:depth])
+
+
+def expected_rate(candidates: Sequence[Candidate], depths: Sequence[int], cost: CostEstimate | None) -> float:
+    """Expected tokens per second of the batch at these depths (per step if no cost is known)."""
+    base = cost.base_s if cost is not None else 1.0
+    per_draft = cost.per_draft_s if cost is not None else 0.0
+    tokens = sum(1 + _prefix(c.accepted, d) for c, d in zip(candidates, depths, strict=True))
+    return tokens / (base + per_draft * sum(_prefix(c.proposed, d) for c, d in zip(candidates, depths, strict=True)))
+
+
+def best_depths(candidates: Sequence[Candidate], cost: CostEstimate | None) -> tuple[list[int], float]:
+    """Depths maximising expected tokens per second, and that rate."""
+    per_draft = cost.per_draft_s if cost is not None else 0.0
+    rate, best = 0.0, [c.high for c in candidates]
+    for _ in range(16):
+        price = rate * per_draft
+        depths = [_best_depth(c, price) for c in candidates]
+        new_rate = expected_rate(candidates, depths, cost)
+        if new_rate <= rate * (1 + 1e-9):
+            break  # the previous depths were optimal
+        rate, best = new_rate, depths
+    return best, rate
+
+
+def _best_depth(c: Candidate, price: float) -> int:
+    """argmax over low..high of E(d) - price * V(d); the shallowest on ties."""
+    best, best_value = c.low, _prefix(c.accepted, c.low) - price * _prefix(c.proposed, c.low)
+    for d in range(c.low + 1, c.high + 1):
+        value = _prefix(c.accepted, d) - price * _prefix(c.proposed, d)
+        if value > best_value + 1e-12:
+            best, best_value = d, value
+    return best
+
+
+@dataclass(slots=True)
+class Planned:
+    engine_id: str
+    phase: str
+    depth: int
+    """Fixed depth, or the cap of an adaptive request."""
+    adaptive: bool
+
+
+@dataclass(slots=True)
+class StepPlan:
+    depths: dict[str, int]
+    """Chosen depth of every adaptive request in the batch."""
+    explore: bool
+    instrument: float | None
+    """Z, the sum of depths, on a random step."""
+    full_draft: bool
+    """Let the drafter propose K after this step (shadow drafts for every position)."""
+
+
+@dataclass(slots=True)
+class _Request:
+    phase: str
+    rates: PositionRates
+    depth: int | None = None
+    """The last depth chosen for it (not on random steps)."""
+
+
+@dataclass(slots=True)
+class PhaseWindow:
+    """What one phase did since the last summary."""
+
+    max_depth: int
+    steps_by_depth: list[int] = field(default_factory=list)
+    tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.steps_by_depth = self.steps_by_depth or [0] * (self.max_depth + 1)
+
+
+class DepthController:
+    def __init__(self, max_depth: int, settings: ControllerSettings | None = None) -> None:
+        self.max_depth = max_depth
+        self.settings = settings or ControllerSettings()
+        self.rng = random.Random(self.settings.seed)
+        self.cost = StepCostModel()
+        self.phases: dict[str, PositionRates] = {}
+        self.requests: dict[str, _Request] = {}
+        self.window: dict[str, PhaseWindow] = {}
+        self.by_verified: dict[int, VerifiedCounts] = {}
+        self.explored_steps = 0
+        self.planned_steps = 0
+        self.shadow_checked = 0
+        self.shadow_disagreed = 0
+        self._explore_next = False
+
+    # --- estimates ---
+
+    def phase_rates(self, phase: str) -> PositionRates:
+        rates = self.phases.get(phase)
+        if rates is None:
+            # Weak prior: a falling acceptance, drafts always proposed.
+            k = self.max_depth
+            rates = PositionRates.prior([0.5**j for j in range(1, k + 1)], [1.0] * k, 1.0, self.settings.phase_keep)
+            self.phases[phase] = rates
+        return rates
+
+    def track(self, engine_id: str, phase: str) -> None:
+        """A request enters ``phase`` (or arrives): it restarts from that phase's estimate."""
+        request = self.requests.get(engine_id)
+        if request is not None and request.phase == phase:
+            return
+        source = self.phase_rates(phase)
+        rates = PositionRates.prior([], [], 0.0, self.settings.request_keep)
+        rates.restart_from(source, self.settings.request_prior_weight)
+        self.requests[engine_id] = _Request(phase, rates)
+
+    def forget(self, engine_id: str) -> None:
+        self.requests.pop(engine_id, None)
+
+    def observe(self, engine_id: str, resolved: Resolved) -> None:
+        """A proposal of this request was decided (engine/acceptance.py)."""
+        self.phase_rates(resolved.phase).observe(resolved.observed, resolved.proposed, resolved.run)
+        request = self.requests.get(engine_id)
+        if request is not None and request.phase == resolved.phase:
+            request.rates.observe(resolved.observed, resolved.proposed, resolved.run)
+        if resolved.observed >= self.max_depth:
+            self.by_verified.setdefault(resolved.verified, VerifiedCounts()).add(resolved.run, self.max_depth)
+        if resolved.agrees is not None:
+            self.shadow_checked += 1
+            self.shadow_disagreed += not resolved.agrees
+
+    def estimates(self, engine_id: str) -> list[float]:
+        request = self.requests.get(engine_id)
+        return request.rates.accepted() if request is not None else []
+
+    # --- decisions ---
+
+    def plan(self, batch: Sequence[Planned]) -> StepPlan:
+        adaptive = [p for p in batch if p.adaptive]
+        if not adaptive:
+            return StepPlan({}, False, None, False)
+        s = self.settings
+        self.planned_steps += 1
+        explore = self._explore_next or self.planned_steps <= s.warmup_steps
+        self._explore_next = self.rng.random() < s.explore_share
+        full_draft = self._explore_next or self.rng.random() < s.shadow_share
+        if explore:
+            self.explored_steps += 1
+            depths = {p.engine_id: self._random_depth(p.depth) for p in adaptive}
+            fixed = sum(p.depth for p in batch if not p.adaptive)
+            return StepPlan(depths, True, float(fixed + sum(depths.values())), full_draft)
+        candidates, previous = [], []
+        for p in batch:
+            self.track(p.engine_id, p.phase)
+            request = self.requests[p.engine_id]
+            low = 0 if p.adaptive else p.depth
+            candidates.append(Candidate(request.rates.accepted(), request.rates.proposed(), low, p.depth))
+            last = request.depth if p.adaptive else p.depth
+            previous.append(last if last is not None and low <= last <= p.depth else None)
+        cost = self.cost.estimate(len(batch))
+        chosen, rate = best_depths(candidates, cost)
+        if None not in previous and rate < expected_rate(candidates, previous, cost) * (1 + s.hysteresis):  # type: ignore[arg-type]
+            chosen = previous  # type: ignore[assignment]
+        depths = {}
+        for p, d in zip(batch, chosen, strict=True):
+            if p.adaptive:
+                depths[p.engine_id] = self.requests[p.engine_id].depth = d
+        return StepPlan(depths, False, None, full_draft)
+
+    def _random_depth(self, cap: int) -> int:
+        allowed = [d for d in self.settings.explore_depths if d <= cap]
+        return self.rng.choice(allowed) if allowed else self.rng.randint(0, cap)
+
+    def step_done(self, batch: int, drafts: int, seconds: float, plan: StepPlan | None) -> None:
+        """A decode step finished: feed its time to the cost model."""
+        self.cost.observe(batch, drafts, seconds, plan.instrument if plan is not None else None)
+
+    def count(self, phase: str, depth: int, tokens: int) -> None:
+        window = self.window.get(phase)
+        if window is None:
+            window = self.window[phase] = PhaseWindow(self.max_depth)
+        window.steps_by_depth[min(depth, self.max_depth)] += 1
+        window.tokens += tokens
+
+    def per_draft_ms(self, batch: int) -> float | None:
+        est = self.cost.estimate(batch)
+        return round(est.per_draft_s * 1e3, 3) if est is not None and est.samples else None
+
+    def snapshot(self, reset_window: bool) -> dict[str, Any]:
+        phases = {}
+        for name, rates in self.phases.items():
+            window = self.window.get(name) or PhaseWindow(self.max_depth)
+            phases[name] = {
+                "acceptance_by_position": [round(c, 4) for c in rates.accepted()],
+                "proposed_by_position": [round(p, 4) for p in rates.proposed()],
+                "samples_by_position": [round(w, 1) for w in rates.samples()],
+                "steps_by_depth": list(window.steps_by_depth),
+                "tokens": window.tokens,
+            }
+        by_verified = {str(v): c.as_dict() for v, c in sorted(self.by_verified.items())}
+        if reset_window:
+            self.window.clear()
+            self.by_verified.clear()
+        return {
+            "phases": phases,
+            "cost": self.cost.snapshot(),
+            "planned_steps": self.planned_steps,
+            "explored_steps": self.explored_steps,
+            "shadow_checked": self.shadow_checked,
+            "shadow_disagreed": self.shadow_disagreed,
+            "by_verified_depth": by_verified,
+            "tracked_requests": len(self.requests),
+        }

@@ -1,0 +1,128 @@
+"""Online step-cost model: what one more verified draft costs, per batch size.
+
+Pure logic (no vLLM imports); the engine hook feeds it every decode step.
+
+Model: ``step_s = base_s(B) + per_draft_s(B) * drafts`` for a step of B
+requests verifying ``drafts`` draft tokens in all (B + drafts tokens).
+
+Naturally occurring steps are confounded: a step verifies few drafts
+*because* the drafter found nothing, and finding nothing may itself cost
+(ngram searched the whole context) or a long accepted run may come with a
+cheap context. A plain regression of time on drafts would learn those
+accidents. So the slope is estimated only from controlled variation: on a
+small random share of steps the controller draws every adaptive request's
+depth at random, and the slope is the instrumental-variable (Wald) estimate
+``cov(time, Z) / cov(drafts, Z)`` over those steps, where Z, the sum of the
+drawn depths, is independent of everything else in the step. The base is the
+mean of ``time - slope * drafts`` over all steps. Everything is exponentially
+weighted, so the model follows load and forgets old steps.
+
+Batch sizes are bucketed by powers of two (1, 2, 3-4, 5-8, ...); a bucket
+without enough random steps borrows the slope of the nearest bucket that has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CostEstimate:
+    base_s: float
+    """Step time with no drafts verified."""
+    per_draft_s: float
+    """Marginal time of one more verified draft token (>= 0)."""
+    samples: float
+    """Weight of the random steps behind the slope (0: no slope learned yet)."""
+
+
+def bucket_of(batch: int) -> int:
+    """0 for 1 request, 1 for 2, 2 for 3-4, 3 for 5-8, ..."""
+    return max(batch - 1, 0).bit_length()
+
+
+@dataclass(slots=True)
+class _Moments:
+    """Exponentially weighted sums of w, t, d, z, t*z, d*z."""
+
+    w: float = 0.0
+    t: float = 0.0
+    d: float = 0.0
+    z: float = 0.0
+    tz: float = 0.0
+    dz: float = 0.0
+
+    def add(self, keep: float, t: float, d: float, z: float) -> None:
+        self.w = self.w * keep + 1.0
+        self.t = self.t * keep + t
+        self.d = self.d * keep + d
+        self.z = self.z * keep + z
+        self.tz = self.tz * keep + t * z
+        self.dz = self.dz * keep + d * z
+
+    def slope(self, min_cov: float) -> float | None:
+        """Wald estimate cov(t, z) / cov(d, z), or None when z barely moved d."""
+        if self.w <= 0:
+            return None
+        mt, md, mz = self.t / self.w, self.d / self.w, self.z / self.w
+        cov_dz = self.dz / self.w - md * mz
+        if cov_dz < min_cov:
+            return None
+        return (self.tz / self.w - mt * mz) / cov_dz
+
+
+@dataclass(slots=True)
+class _Bucket:
+    all_steps: _Moments = field(default_factory=_Moments)
+    random_steps: _Moments = field(default_factory=_Moments)
+
+
+@dataclass(slots=True)
+class StepCostModel:
+    keep_all: float = 0.99
+    """Decay per decode step of the base (about the last 100 steps)."""
+    keep_random: float = 0.98
+    """Decay per random step of the slope (about the last 50 random steps)."""
+    min_random: float = 12.0
+    """Random-step weight a bucket needs before its slope is trusted."""
+    min_cov: float = 0.05
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+
+    def observe(self, batch: int, drafts: int, seconds: float, instrument: float | None) -> None:
+        """A decode step; ``instrument`` is Z on a random step, else None."""
+        bucket = self.buckets.setdefault(bucket_of(batch), _Bucket())
+        bucket.all_steps.add(self.keep_all, seconds, drafts, 0.0)
+        if instrument is not None:
+            bucket.random_steps.add(self.keep_random, seconds, drafts, instrument)
+
+    def _slope(self, index: int) -> tuple[float, float] | None:
+        bucket = self.buckets.get(index)
+        if bucket is None or bucket.random_steps.w < self.min_random:
+            return None
+        slope = bucket.random_steps.slope(self.min_cov)
+        return None if slope is None else (max(slope, 0.0), bucket.random_steps.w)
+
+    def estimate(self, batch: int) -> CostEstimate | None:
+        """The cost at this batch size; None until any step of a near size was seen."""
+        index = bucket_of(batch)
+        learned = sorted(self.buckets, key=lambda b: (abs(b - index), b))
+        if not learned:
+            return None
+        slope = next((s for s in map(self._slope, learned) if s is not None), None)
+        per_draft, samples = slope if slope is not None else (0.0, 0.0)
+        moments = self.buckets[learned[0]].all_steps
+        base = (moments.t - per_draft * moments.d) / moments.w
+        return CostEstimate(max(base, 1e-6), per_draft, samples)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Per bucket (named by its largest batch size): base and per-draft ms, random-step weight."""
+        out = {}
+        for index in sorted(self.buckets):
+            est = self.estimate(2**index)
+            if est is not None:
+                out[str(2**index)] = {
+                    "base_ms": round(est.base_s * 1e3, 3),
+                    "per_draft_ms": round(est.per_draft_s * 1e3, 3),
+                    "random_steps": round(est.samples, 1),
+                }
+        return out

@@ -1,0 +1,176 @@
+"""The adaptive controller's pure parts: decision function, cost model, convergence."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.acceptance import Resolved
+from engine.controller import Candidate, ControllerSettings, DepthController, Planned, best_depths
+from engine.cost_model import CostEstimate, StepCostModel, bucket_of
+
+K = 3
+SETTLE_STEPS = 50
+"""Steps from a cold start to the best depth: the 24 warm-up (random) steps teach the cost slope
+and the acceptance; over 20 seeds the first decided step after them was already the best."""
+ALWAYS = [1.0, 1.0, 1.0]
+
+
+def chain(a: float) -> list[float]:
+    """c[j] = a**j: every position accepted with probability a, given the ones before."""
+    return [a ** (j + 1) for j in range(K)]
+
+
+def cand(accepted: list[float], proposed: list[float] = ALWAYS, low: int = 0, high: int = K) -> Candidate:
+    return Candidate(accepted, proposed, low, high)
+
+
+def ms(base: float, per_draft: float) -> CostEstimate:
+    return CostEstimate(base / 1e3, per_draft / 1e3, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "candidates", "cost", "expected"),
+    [
+        # The user's machine (7 + 48 ms per token): reasoning at 40% acceptance
+        # pays 48 ms for 0.4 tokens while a plain step makes 1 token in 55 ms.
+        ("offload, low acceptance: depth 0", [cand(chain(0.4))], ms(55, 48), [0]),
+        # Answer at 90%: the first draft pays for its 48 ms, the second does not
+        # (18.4 tok/s at depth 1, 17.9 at 2: the user's 17.4-17.9 at k=2).
+        ("offload, high acceptance: an intermediate depth", [cand(chain(0.9))], ms(55, 48), [1]),
+        # Cheaper drafts and higher acceptance: K.
+        ("cheap drafts, high acceptance: K", [cand(chain(0.95))], ms(55, 20), [K]),
+        # Flat cost (this CPU at batch 1): any acceptance above 0 goes deepest.
+        ("flat cost: K", [cand(chain(0.3))], ms(45, 0), [K]),
+        # Acceptance that collapses after position 1: stop there.
+        ("cliff after 1: depth 1", [cand([0.8, 0.1, 0.05])], ms(55, 20), [1]),
+        # Two requests in one batch, one reasoning and one answering.
+        ("mixed batch: different depths", [cand(chain(0.3)), cand(chain(0.95))], ms(100, 15), [0, K]),
+        # A cap keeps the controller below it.
+        ("cap", [cand(chain(0.95), high=2)], ms(45, 0), [2]),
+        # A fixed-depth batch-mate is not moved.
+        ("fixed batch-mate", [cand(chain(0.3), low=2, high=2), cand(chain(0.95))], ms(100, 15), [2, K]),
+        # Drafts that are rarely proposed cost little when they are not.
+        ("rare proposals", [cand([0.2, 0.15, 0.1], [0.25, 0.22, 0.2])], ms(55, 10), [K]),
+        # No cost learned yet: the deepest depth that gains anything.
+        ("no cost yet", [cand([0.5, 0.0, 0.0])], None, [1]),
+    ],
+)
+def test_best_depths(name: str, candidates: list[Candidate], cost: CostEstimate | None, expected: list[int]) -> None:
+    depths, _ = best_depths(candidates, cost)
+    assert depths == expected, name
+
+
+def brute_force(candidates: list[Candidate], cost: CostEstimate) -> float:
+    best = 0.0
+    for d0 in range(candidates[0].low, candidates[0].high + 1):
+        for d1 in range(candidates[1].low, candidates[1].high + 1):
+            tokens = sum(1 + sum(c.accepted[:d]) for c, d in zip(candidates, (d0, d1), strict=True))
+            drafts = sum(sum(c.proposed[:d]) for c, d in zip(candidates, (d0, d1), strict=True))
+            best = max(best, tokens / (cost.base_s + cost.per_draft_s * drafts))
+    return best
+
+
+def test_best_depths_matches_exhaustive_search_on_random_batches() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        candidates = [cand(sorted((rng.random() for _ in range(K)), reverse=True)) for _ in range(2)]
+        cost = ms(rng.uniform(10, 100), rng.uniform(0, 60))
+        _, rate = best_depths(candidates, cost)
+        assert rate == pytest.approx(brute_force(candidates, cost), rel=1e-9)
+
+
+def test_cost_model_learns_the_slope_from_random_steps_despite_confounding() -> None:
+    """The ngram case: a step without a match verifies no drafts *and* searched the
+    whole context in vain, so a plain regression over natural steps finds drafts
+    free (or cheaper than free); the random steps give the true slope."""
+    rng = random.Random(1)
+    model = StepCostModel()
+    true_base, true_slope = 0.050, 0.010
+    natural: list[tuple[int, float]] = []
+    for step in range(4000):
+        random_step = step % 10 == 0
+        z = rng.randint(0, K) if random_step else K
+        match = rng.random() < 0.7
+        drafts = z if match else 0
+        seconds = true_base + true_slope * drafts + (0.0 if match else 0.030) + rng.gauss(0, 0.004)
+        model.observe(1, drafts, seconds, float(z) if random_step else None)
+        if not random_step:
+            natural.append((drafts, seconds))
+    est = model.estimate(1)
+    assert est is not None
+    assert est.per_draft_s == pytest.approx(true_slope, abs=0.003)
+    mean_d = sum(d for d, _ in natural) / len(natural)
+    mean_t = sum(t for _, t in natural) / len(natural)
+    ols = sum((d - mean_d) * (t - mean_t) for d, t in natural) / sum((d - mean_d) ** 2 for d, _ in natural)
+    assert abs(ols - true_slope) > 0.008  # what a plain regression would have learned
+
+
+def test_cost_model_tracks_a_linear_cost_and_forgets_an_old_one() -> None:
+    rng = random.Random(2)
+    model = StepCostModel()
+    for slope in (0.002, 0.048):
+        for step in range(1500):
+            random_step = step % 5 == 0
+            drafts = rng.randint(0, K) if random_step else 2
+            seconds = 0.007 + slope * drafts + rng.gauss(0, 0.002)
+            model.observe(1, drafts, seconds, float(drafts) if random_step else None)
+        est = model.estimate(1)
+        assert est is not None
+        assert est.per_draft_s == pytest.approx(slope, abs=0.003)
+        assert est.base_s == pytest.approx(0.007, abs=0.004)
+
+
+def test_cost_model_buckets_by_batch_size_and_borrows_the_nearest() -> None:
+    assert [bucket_of(b) for b in (1, 2, 3, 4, 5, 8, 9, 64)] == [0, 1, 2, 2, 3, 3, 4, 6]
+    model = StepCostModel(min_random=1)
+    for drafts in (0, 1, 2, 3) * 10:
+        model.observe(4, drafts, 0.1 + 0.01 * drafts, float(drafts))
+    assert model.estimate(1) is not None
+    assert model.estimate(16).per_draft_s == pytest.approx(0.01)  # type: ignore[union-attr]
+    assert StepCostModel().estimate(1) is None
+
+
+def synthetic_step(ctrl: DepthController, rng: random.Random, accepted: list[float], per_draft_s: float) -> int:
+    """One engine step of one adaptive request, drafts 1..j accepted with probability
+    accepted[j-1], 55 ms + per_draft_s per draft; returns the depth chosen (-1: a random step)."""
+    plan = ctrl.plan([Planned("r", "reasoning", K, True)])
+    depth = plan.depths["r"]
+    u = rng.random()
+    run = sum(1 for c in accepted if u < c)
+    ctrl.observe("r", Resolved(K, K, run, depth, "reasoning"))
+    ctrl.step_done(1, depth, 0.055 + per_draft_s * depth + rng.gauss(0, 0.002), plan)
+    return depth if not plan.explore else -1
+
+
+@pytest.mark.parametrize(
+    ("accepted", "per_draft_s", "best"),
+    [(chain(0.4), 0.048, 0), (chain(0.4), 0.0, K), ([0.8, 0.1, 0.05], 0.020, 1), (chain(0.9), 0.010, K)],
+)
+def test_stationary_stream_settles_on_the_best_depth_and_stays(
+    accepted: list[float], per_draft_s: float, best: int
+) -> None:
+    """Settles within SETTLE_STEPS steps (warm-up included) and never leaves (random steps aside)."""
+    rng = random.Random(3)
+    ctrl = DepthController(K, ControllerSettings(seed=4))
+    ctrl.track("r", "reasoning")
+    chosen = [synthetic_step(ctrl, rng, accepted, per_draft_s) for _ in range(1000)]
+    settled = [d for d in chosen[SETTLE_STEPS:] if d >= 0]  # random steps are random by design
+    assert len(settled) > 700 and set(settled) == {best}, (accepted, per_draft_s, set(settled))
+
+
+def test_phase_change_restarts_from_the_new_phase_and_settles_at_once() -> None:
+    """Converged phase estimates: at a phase change the first decided step is already the phase's best."""
+    rng = random.Random(5)
+    ctrl = DepthController(K, ControllerSettings(seed=6, explore_share=0.0, warmup_steps=0))
+    for z in (0, 1, 2, 3) * 40:  # a known cost: 55 ms + 48 ms per draft
+        ctrl.cost.observe(1, z, 0.055 + 0.048 * z, float(z))
+    for phase, accept in (("reasoning", 0.4), ("answer", 0.9)):
+        for _ in range(400):
+            run = next((j for j in range(K) if rng.random() >= accept), K)
+            ctrl.observe("other", Resolved(K, K, run, K, phase))
+    ctrl.track("r", "reasoning")
+    assert ctrl.plan([Planned("r", "reasoning", K, True)]).depths["r"] == 0
+    ctrl.track("r", "answer")
+    assert ctrl.plan([Planned("r", "answer", K, True)]).depths["r"] == 1
