@@ -72,6 +72,9 @@ from engine.controller import ControllerSettings, DepthController, Planned, Step
 from engine.emulation import PadCounter, StepEmulation  # noqa: E402
 from engine.spec_stats import DEFAULT_PHASE, SpecLedger  # noqa: E402
 
+ANSWER_PHASES = ("answer", "tool_call")
+"""Phase tags after reasoning (proxy/phases.py), where no thinking budget counts."""
+
 
 def hook_options(vllm_config: Any) -> dict[str, Any]:
     """phasespec's engine-side options, carried to the engine core in ``additional_config``."""
@@ -139,19 +142,23 @@ class DepthScheduler(Scheduler):
             if len(request.spec_token_ids) > ledger.depth:
                 # A new list: under async scheduling the placeholders are shared.
                 request.spec_token_ids = request.spec_token_ids[: ledger.depth]
+        limit = self._draft_limit  # what the drafter was allowed when it proposed these
         output = super().schedule(*args, **kwargs)
         self._inflight[id(output)] = (started, self._plan)
         if proposals:
-            self._book_proposals(output, proposals)
+            self._book_proposals(output, proposals, limit)
         return output
 
     def _plan_depths(self) -> StepPlan | None:
         batch = []
         for request in self.running:
             ledger = self.spec_ledger.get(request.request_id)
-            if ledger is not None:
-                cap = ledger.cap if ledger.adaptive else ledger.depth
-                batch.append(Planned(request.request_id, ledger.phase, cap, ledger.adaptive))
+            if ledger is None:
+                continue
+            if ledger.adaptive and not self._near_thinking_budget(request, ledger.phase):
+                batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True))
+            else:
+                batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
         if not batch:
             return None
         plan = self.controller.plan(batch)
@@ -166,7 +173,24 @@ class DepthScheduler(Scheduler):
                 ledger.choose(self.current_step, depth, self.controller.estimates(engine_id), per_draft_ms)
         return plan
 
-    def _book_proposals(self, output: SchedulerOutput, proposals: dict[str, list[int]]) -> None:
+    def _near_thinking_budget(self, request: Request, phase: str) -> bool:
+        """Hold the depth still close to a thinking budget.
+
+        vLLM 0.32's thinking-budget countdown under speculative decoding
+        (v1/sample/thinking_budget_state.py) depends on how many drafts each
+        step verifies: raising the depth within about 3(K+1) tokens of the
+        budget moves the forced end of thinking by a few tokens (measured on
+        the embedded model; fixed depths and lowering are exact). So an
+        adaptive request holds its depth from 4(K+1) output tokens before its
+        budget until the front end reports the end of reasoning.
+        """
+        params = request.sampling_params
+        budget = params.thinking_token_budget if params is not None else None
+        if budget is None or phase in ANSWER_PHASES:
+            return False
+        return request.num_output_tokens >= budget - 4 * (self.num_spec_tokens + 1)
+
+    def _book_proposals(self, output: SchedulerOutput, proposals: dict[str, list[int]], limit: int) -> None:
         spec = output.scheduled_spec_decode_tokens
         for engine_id, n_scheduled in output.num_scheduled_tokens.items():
             drafts = proposals.get(engine_id)
@@ -177,7 +201,7 @@ class DepthScheduler(Scheduler):
             request = self.requests[engine_id]
             book = self._books.setdefault(engine_id, ShadowBook())
             assert ledger is not None
-            book.propose(request.num_output_tokens, drafts, self._draft_limit, verified, ledger.phase)
+            book.propose(request.num_output_tokens, drafts, limit, verified, ledger.phase)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> Any:
         started, plan = self._inflight.pop(id(scheduler_output), (None, None))
@@ -194,8 +218,8 @@ class DepthScheduler(Scheduler):
         result = super().update_from_output(scheduler_output, model_runner_output)
         for engine_id, request in before.items():
             ledger = self.spec_ledger.get(engine_id)
-            if request is None or ledger is None:
-                continue  # finished in this step: its last proposal stays undecided
+            if request is None or ledger is None or scheduled[engine_id] != 1 + len(spec.get(engine_id, ())):
+                continue  # finished in this step (its last proposal stays undecided), or a prefill
             book = self._books.get(engine_id)
             for resolved in book.feed(request.output_token_ids) if book is not None else ():
                 self.controller.observe(engine_id, resolved)

@@ -11,7 +11,8 @@ from load.server import ServerProcess
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The one real server (and engine) of the test session, on the embedded model."""
-    proc = ServerProcess(log_path=tmp_path_factory.mktemp("server") / "server.log")
+    env = {"PHASESPEC_ADAPTIVE__SUMMARY_INTERVAL_S": "2"}
+    proc = ServerProcess(log_path=tmp_path_factory.mktemp("server") / "server.log", env=env)
     proc.start()
     yield proc
     proc.stop()

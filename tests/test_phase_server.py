@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,8 @@ def test_canonical_log_line_and_metrics_carry_phases(base_url: str, model_name: 
         ({"depths": {"thinking": 1}}, "phasespec.depths.thinking"),
         ({"depths": [1, 2]}, "phasespec.depths"),
         ({"stats": "yes"}, "phasespec.stats"),
+        ({"policy": "greedy"}, "phasespec.policy"),
+        ({"policy": 1}, "phasespec.policy"),
         ({"speed": 1}, "phasespec.speed"),
         ("fast", "phasespec"),
     ],
@@ -145,3 +148,35 @@ def test_bad_override_is_an_openai_400_naming_the_field(
     error = response.json()["error"]
     assert error["param"] == param and error["code"] == 400 and error["type"] == "BadRequestError"
     assert param.split(".")[-1] in error["message"] or "phasespec" in error["message"]
+
+
+def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
+    base_url: str, model_name: str, server_log: Path
+) -> None:
+    static = chat(base_url, model_name, phasespec={"stats": True, **ALL_K}).json()
+    reply = chat(base_url, model_name, phasespec={"stats": True, "policy": "adaptive", "depths": {"answer": 2}}).json()
+    assert reply["choices"][0]["message"] == static["choices"][0]["message"], "greedy output unchanged"
+    report = reply["phasespec"]
+    assert report["policy"] == "adaptive" and "emulation" not in report
+    assert report["decisions_total"] >= 1
+    for _step, depth, phase, acceptance, per_draft_ms in report["decisions"]:
+        assert 0 <= depth <= (2 if phase == "answer" else K) and len(acceptance) == K
+        assert per_draft_ms is None or per_draft_ms >= 0
+    assert max_drafted(report["phases"]["answer"]) <= 2, "the answer cap holds"
+    state = httpx.get(f"{base_url}/phasespec/state").json()
+    assert state["emulation"] is None
+    assert {"reasoning", "answer"} <= set(state["controller"]["phases"])
+    summaries = []
+    for _ in range(30):  # the session server summarises every 2 s
+        records = [json.loads(line) for line in server_log.read_text().splitlines() if line.startswith("{")]
+        summaries = [r for r in records if r.get("event") == "spec_summary"]
+        if summaries:
+            break
+        time.sleep(1)
+    assert summaries, "a spec_summary line per phase"
+    line = summaries[-1]
+    assert line["phase"] in {"reasoning", "answer"} and len(line["acceptance_by_position"]) == K
+    assert line["tok_s"] > 0 and sum(line["steps_by_depth"]) > 0
+    metrics = httpx.get(f"{base_url}/metrics").text
+    assert 'phasespec_acceptance_by_position{phase="reasoning",position="1"}' in metrics
+    assert "phasespec_depth_steps_total{" in metrics

@@ -1,0 +1,67 @@
+"""What the adaptive controller costs per engine step, at a given batch size.
+
+    .venv/bin/python -m load.bench_controller --batch 64 --steps 2000
+
+Runs the hook's per-step pure work outside the engine, on synthetic drafts:
+``DepthController.plan`` for the batch, then per request what
+``update_from_output`` does (a proposal booked, vLLM's accepted count noted,
+the proposal matched against the new tokens, the estimates updated). Prints
+the mean and p99 time per step; compare with the engine's step time at that
+batch size (the policy benchmark's cost curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from engine.acceptance import ShadowBook
+from engine.controller import ControllerSettings, DepthController, Planned
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--k", type=int, default=3)
+    cfg = parser.parse_args()
+    rng = random.Random(0)
+    k = cfg.k
+    ctrl = DepthController(k, ControllerSettings(seed=1))
+    ids = [f"req-{i}" for i in range(cfg.batch)]
+    phases = {rid: rng.choice(("reasoning", "answer")) for rid in ids}
+    books = {rid: ShadowBook() for rid in ids}
+    outputs: dict[str, list[int]] = {rid: [] for rid in ids}
+    timings = []
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        plan = ctrl.plan([Planned(rid, phases[rid], k, True) for rid in ids])
+        for rid in ids:
+            depth = plan.depths[rid]
+            out = outputs[rid]
+            drafts = [rng.randrange(100) for _ in range(k)]
+            books[rid].propose(len(out), drafts, k, depth, phases[rid])
+            accepted = 0
+            while accepted < depth and rng.random() < 0.6:
+                accepted += 1
+            books[rid].verified(accepted)
+            out.extend([*drafts[:accepted], 100 + rng.randrange(100)])
+            for resolved in books[rid].feed(out):
+                ctrl.observe(rid, resolved)
+            ctrl.count(phases[rid], depth, accepted + 1)
+        ctrl.step_done(cfg.batch, sum(plan.depths.values()), 0.2 + 0.001 * sum(plan.depths.values()), plan)
+        timings.append(time.perf_counter() - t0)
+        if step % 200 == 0:  # keep outputs short, as requests finish and new ones arrive
+            outputs = {rid: [] for rid in ids}
+            books = {rid: ShadowBook() for rid in ids}
+    timings.sort()
+    mean_ms = statistics.fmean(timings) * 1e3
+    p99_ms = timings[int(0.99 * len(timings))] * 1e3
+    what = "controller + shadow bookkeeping per step"
+    print(f"batch {cfg.batch}, K={k}: {what}: mean {mean_ms:.3f} ms, p99 {p99_ms:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The adaptive controller and the step-cost emulation on the real engine.
+
+One engine whose decode steps are padded to ``0 + 60 ms * tokens``: a step
+verifying one token is sometimes already slower than 60 ms on this machine
+(an overrun, counted), deeper steps are padded. Such a steep cost makes every
+verified draft expensive, so the controller must learn it and stop drafting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from config import Settings
+from config.settings import EngineSettings
+from engine.emulation import StepEmulation
+from engine.llm import PhasespecLLM, SpecRequest
+from load.workload import copy_prompt
+from tests.engine_fixture import engine_context, run
+
+SPEC = "0+60*tokens"
+EMULATION = StepEmulation.parse(SPEC)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def engine() -> AsyncIterator[PhasespecLLM]:
+    settings = Settings(engine=EngineSettings(emulate_step_ms=SPEC))  # type: ignore[call-arg]
+    async with engine_context(settings) as llm:
+        yield llm
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_decode_steps_are_padded_to_the_profile_and_overruns_counted(engine: PhasespecLLM) -> None:
+    await engine.drain_step_log()
+    result = await run(engine, copy_prompt(0), "emu-pad", SpecRequest(depth=3))
+    steps = await engine.drain_step_log()
+    assert len(steps) > 20
+    for _, tokens, _, seconds in steps:
+        assert seconds >= EMULATION.target_s(tokens) - 1e-3
+    emulation = (await engine.controller_state())["emulation"]
+    assert emulation["spec"] == SPEC and emulation["padded_steps"] > 0
+    assert emulation["padded_steps"] + emulation["overrun_steps"] >= len(steps)
+    assert result.spec.final is not None and result.spec.final["emulation"]["spec"] == SPEC
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_controller_learns_the_steep_cost_and_stops_drafting(engine: PhasespecLLM) -> None:
+    for i in range(3):  # warm-up: the cost slope and the phase acceptance
+        await run(engine, copy_prompt(i), f"emu-warm-{i}", SpecRequest(depth=3, adaptive=True, phase="reasoning"))
+    cost = (await engine.controller_state())["cost"]["1"]
+    assert 30 <= cost["per_draft_ms"] <= 90, cost  # padded: 60 ms per verified token
+    await engine.controller_state(reset_window=True)
+    for i in range(3, 6):
+        await run(engine, copy_prompt(i), f"emu-{i}", SpecRequest(depth=3, adaptive=True, phase="reasoning"))
+    window = (await engine.controller_state(reset_window=True))["phases"]
+    steps = window["reasoning"]["steps_by_depth"]
+    # Random steps (10%) draw 0..3; every decided step should be depth 0.
+    assert steps[0] >= 0.8 * sum(steps), window
