@@ -68,24 +68,25 @@ class EngineSettings(BaseModel):
 
 
 class PhaseSettings(BaseModel):
-    """Per-phase speculative depth (clamped to 0..K). ``None``: K.
+    """Per-phase speculative depth (clamped to 0..K).
 
-    Under the adaptive policy a depth set here is a cap (the controller
-    chooses 0..cap); unset phases are capped at K."""
+    Unset phases take the policy's default: static reasoning 1, answer 2,
+    tool call K; adaptive caps every phase at K. Under the adaptive policy a
+    depth set here is a cap (the controller chooses 0..cap)."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     switching: bool = True
     """Switch each request's depth as its phase changes; off runs everyone at K."""
     policy: Literal["static", "adaptive"] = "static"
-    """static: the depth per phase below; adaptive: chosen every engine step
-    from measured acceptance and step cost (per-phase depths are caps)."""
-    reasoning: int | None = Field(default=1, ge=0)
-    """Depth while the model reasons (inside <think>)."""
-    answer: int | None = Field(default=2, ge=0)
-    """Depth in the final answer."""
+    """static: a depth per phase; adaptive: chosen every engine step from
+    measured acceptance and step cost (the per-phase depths are caps)."""
+    reasoning: int | None = Field(default=None, ge=0)
+    """Depth (adaptive: cap) while the model reasons (inside <think>); static default 1."""
+    answer: int | None = Field(default=None, ge=0)
+    """Depth (adaptive: cap) in the final answer; static default 2."""
     tool_call: int | None = Field(default=None, ge=0)
-    """Depth inside a tool call (None: K)."""
+    """Depth (adaptive: cap) inside a tool call; default K."""
 
 
 class AdaptiveSettings(BaseModel):

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
+import structlog
 from fastapi import FastAPI
 
 from config import Settings
@@ -31,6 +32,8 @@ from proxy.phases import markers_from_vllm
 from proxy.policy import ADAPTIVE, PhaseDepths
 from proxy.state import router as state_router
 from proxy.summary import run_summaries
+
+log = structlog.get_logger("phasespec.server")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -62,18 +65,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await init_app_state(engine, vllm_app.state, args, tasks)
             app.state.engine = engine
             app.state.board = board
-            summaries = None
+            tasks_running = [asyncio.create_task(watch_engine(engine, app))]
             if max_depth:
-                summaries = asyncio.create_task(run_summaries(engine, settings.adaptive.summary_interval_s))
+                tasks_running.append(asyncio.create_task(run_summaries(engine, settings.adaptive.summary_interval_s)))
             try:
                 async with vllm_app.router.lifespan_context(vllm_app):
                     yield
             finally:
-                if summaries is not None:
-                    summaries.cancel()
+                for task in tasks_running:
+                    task.cancel()
 
     app = FastAPI(title="phasespec", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.settings = settings
+    app.state.engine_died = False
+    app.state.request_exit = lambda: None  # the HTTP server (proxy/cli.py) sets it
     app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content, attach_stats(board)])
     app.add_middleware(OverrideMiddleware, max_depth=lambda: max_depth)
     server = settings.server
@@ -82,6 +87,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(state_router)
     app.mount("/", vllm_app)
     return app
+
+
+async def watch_engine(engine: PhasespecLLM, app: FastAPI, interval_s: float = 1.0) -> None:
+    """Stop the server when the engine core dies, so that a supervisor restarts the process.
+
+    vLLM already ends open streams with an error and answers new requests and
+    /health with 5xx once its engine core is gone; but the front end would go on
+    running with a dead engine. ``vllm serve`` exits in that case; so does
+    phasespec, with status 1 (proxy/cli.py)."""
+    while not engine.errored:
+        await asyncio.sleep(interval_s)
+    log.error("engine_dead", detail="the engine core process died; shutting down (exit status 1)")
+    app.state.engine_died = True
+    app.state.request_exit()
 
 
 def attach_observers(engine: PhasespecLLM, args: argparse.Namespace, settings: Settings, board: StatsBoard) -> None:
@@ -99,16 +118,14 @@ def attach_observers(engine: PhasespecLLM, args: argparse.Namespace, settings: S
 def phase_depths(settings: Settings, policy: str | None = None) -> PhaseDepths | None:
     """The server's policy (or ``policy`` instead of the configured one).
 
-    Static: the per-phase depths. Adaptive: the per-phase depths the user set
-    become caps; unset phases are capped at K."""
+    The per-phase depths the user set are depths (static) or caps (adaptive);
+    unset phases take the policy's defaults (PhaseDepths(), ADAPTIVE)."""
     phases = settings.phases
     policy = policy or phases.policy
     if not phases.switching and policy == phases.policy:
         return None
-    if policy == "adaptive":
-        caps = {name: getattr(phases, name) for name in PHASE_NAMES if name in phases.model_fields_set}
-        return replace(ADAPTIVE, **caps)
-    return PhaseDepths(reasoning=phases.reasoning, answer=phases.answer, tool_call=phases.tool_call)
+    given = {name: value for name in PHASE_NAMES if (value := getattr(phases, name)) is not None}
+    return replace(ADAPTIVE if policy == "adaptive" else PhaseDepths(), **given)
 
 
 def _load_parser_plugins(args: argparse.Namespace) -> None:

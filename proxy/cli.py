@@ -28,14 +28,20 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app(settings)
     except SettingsError as exc:
         sys.exit(f"phasespec: {exc}")
-    uvicorn.run(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level=settings.server.log_level,
-        log_config=log_config,
-        timeout_graceful_shutdown=10,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.server.host,
+            port=settings.server.port,
+            log_level=settings.server.log_level,
+            log_config=log_config,
+            timeout_graceful_shutdown=10,
+        )
     )
+    app.state.request_exit = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if app.state.engine_died:
+        sys.exit(1)  # a supervisor restarts a process that failed
 
 
 if __name__ == "__main__":

@@ -68,3 +68,28 @@ def test_sse_edit_leaves_done_and_comments_alone() -> None:
     assert edit_sse_event(b": keep-alive", edits) == b": keep-alive"
     edited = edit_sse_event(b'data: {"choices":[{"delta":{"reasoning":"r"}}]}', edits)
     assert json.loads(edited[6:])["choices"][0]["delta"]["reasoning_content"] == "r"
+
+
+def test_adaptive_policy_caps_only_the_phases_the_user_set() -> None:
+    from proxy.app import phase_depths
+    from proxy.policy import PhaseDepths
+
+    static = Settings(_cli_parse_args=["--phases.answer", "3"])
+    assert phase_depths(static) == PhaseDepths(reasoning=1, answer=3, tool_call=None)
+    adaptive = Settings(_cli_parse_args=["--phases.policy", "adaptive", "--phases.reasoning", "1"])
+    assert phase_depths(adaptive) == PhaseDepths(reasoning=1, answer=None, tool_call=None, adaptive=True)
+    # A request may ask for the other policy; the server's own map stays its static one.
+    assert phase_depths(adaptive, "static") == PhaseDepths(reasoning=1, answer=2, tool_call=None)
+    off = Settings(_cli_parse_args=["--phases.switching", "false"])
+    assert phase_depths(off) is None
+    assert phase_depths(off, "adaptive") == PhaseDepths(None, None, None, adaptive=True)
+
+
+def test_emulation_is_off_by_default_and_a_bad_spec_is_a_settings_error() -> None:
+    from engine.args import SettingsError, hook_options
+
+    assert "emulate" not in hook_options(Settings())
+    on = Settings(_cli_parse_args=["--engine.emulate_step_ms", "moe-offload", "--engine.emulate_scale", "2"])
+    assert hook_options(on)["emulate"] == {"spec": "moe-offload", "scale": 2.0}
+    with pytest.raises(SettingsError, match="A\\+B\\*tokens"):
+        hook_options(Settings(_cli_parse_args=["--engine.emulate_step_ms", "slow"]))

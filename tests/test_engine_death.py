@@ -1,0 +1,94 @@
+"""The bad day: the engine core dies while streams are in flight (a server of its own)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from load.server import ServerProcess
+from load.workload import copy_prompt
+
+STREAMS = 3
+
+
+@pytest.fixture(scope="module")
+def doomed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(log_path=tmp_path_factory.mktemp("doomed") / "server.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def stream(base_url: str, model: str, i: int, events: list[str], ended: dict[int, float]) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": copy_prompt(i)}],
+        "max_tokens": 1500,
+        "min_tokens": 1500,
+        "temperature": 0,
+        "stream": True,
+    }
+    try:
+        with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line:
+                    events.append(line)
+    except httpx.HTTPError as exc:
+        events.append(f"closed: {type(exc).__name__}")
+    finally:
+        ended[i] = time.monotonic()
+
+
+def engine_core(server: ServerProcess) -> psutil.Process:
+    assert server.proc is not None
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        if "EngineCore" in child.name() or any("EngineCore" in part for part in child.cmdline()):
+            return child
+    raise AssertionError("no EngineCore child process")
+
+
+def test_engine_death_ends_streams_fails_requests_and_exits_nonzero(doomed: ServerProcess, model_name: str) -> None:
+    events: list[list[str]] = [[] for _ in range(STREAMS)]
+    ended: dict[int, float] = {}
+    threads = [
+        threading.Thread(target=stream, args=(doomed.base_url, model_name, i, events[i], ended), daemon=True)
+        for i in range(STREAMS)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while not all(len(e) > 3 for e in events) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(len(e) > 3 for e in events), "every stream is producing tokens"
+    core = engine_core(doomed)
+    core.kill()
+    killed_at = time.monotonic()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(ended) == STREAMS and max(ended.values()) - killed_at < 15, "no client hangs"
+    for e in events:
+        assert e[-1] != "data: [DONE]" or any('"error"' in line for line in e), e[-3:]
+    after: dict[str, Any] = {}
+    try:
+        reply = httpx.post(
+            f"{doomed.base_url}/v1/chat/completions",
+            json={"model": model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            timeout=10,
+        )
+        after["status"] = reply.status_code
+        after["health"] = httpx.get(f"{doomed.base_url}/health", timeout=5).status_code
+    except httpx.HTTPError as exc:  # the server is already gone: also what a client must see
+        after["gone"] = type(exc).__name__
+    assert "gone" in after or (after["status"] >= 500 and after["health"] != 200), after
+    assert doomed.proc is not None
+    code = doomed.proc.wait(timeout=max(1.0, 30 - (time.monotonic() - killed_at)))
+    assert code != 0, "a supervisor must see a failure"
+    log = Path(doomed.log_path).read_text(errors="replace")
+    assert "engine_dead" in log
