@@ -238,3 +238,67 @@ def write_chart(path: Path, rows: list[dict[str, Any]], curve: list[dict[str, An
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def read_rows(folders: list[Path]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for folder in folders:
+        with (folder / "policies.csv").open() as file:
+            rows.extend(csv.DictReader(file))
+    return rows
+
+
+def adaptive_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: the adaptive policy against the static ones, per concurrency and overall."""
+    by_conc: dict[int, dict[str, float]] = defaultdict(dict)
+    spread: dict[tuple[int, str], float] = {}
+    chosen: dict[int, str] = {}
+    for row in rows:
+        conc = int(row["concurrency"])
+        by_conc[conc][row["policy"]] = float(row["tok_s"])
+        spread[(conc, row["policy"])] = float(row["spread"])
+        if row["policy"] == "adaptive":
+            chosen[conc] = row["chosen_depths"]
+    lines = [
+        "| conc | adaptive tok/s (spread) | vs none | best static here | vs it | best fixed here | vs it "
+        "| vs map-1-2 | adaptive's steps at depth 0/1/2/3 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    fixed_names = {name for tok in by_conc.values() for name in tok if name.startswith("fixed-")}
+    for conc, tok in sorted(by_conc.items()):
+        if "adaptive" not in tok:
+            continue
+        ours = tok["adaptive"]
+        static = {k: v for k, v in tok.items() if k != "adaptive"}
+        best_static = max(static, key=static.__getitem__)
+        fixed = {k: v for k, v in static.items() if k in fixed_names}
+        best_fixed = max(fixed, key=fixed.__getitem__)
+        user = static.get("map-1-2")
+        vs_user = f"{ours / user:.3f}" if user else "-"
+        lines.append(
+            f"| {conc} | {ours:.2f} ({spread[(conc, 'adaptive')]:.1%}) | {ours / static['none']:.3f} "
+            f"| {best_static} {static[best_static]:.2f} ({spread[(conc, best_static)]:.1%}) "
+            f"| {ours / static[best_static]:.3f} | {best_fixed} | {ours / fixed[best_fixed]:.3f} "
+            f"| {vs_user} | {chosen.get(conc, '')} |"
+        )
+    concs = [c for c in sorted(by_conc) if "adaptive" in by_conc[c]]
+    if len(concs) > 1:
+        geo = {
+            name: statistics.geometric_mean(by_conc[c][name] for c in concs)
+            for name in fixed_names | {"adaptive", "none"}
+            if all(name in by_conc[c] for c in concs)
+        }
+        best = max((n for n in geo if n.startswith("fixed-")), key=geo.__getitem__)
+        lines.append("")
+        lines.append(
+            f"Geometric mean over concurrency {', '.join(map(str, concs))}: adaptive {geo['adaptive']:.2f} tok/s, "
+            f"best single fixed depth {best} {geo[best]:.2f} (ratio {geo['adaptive'] / geo[best]:.3f}), "
+            f"none {geo['none']:.2f} (ratio {geo['adaptive'] / geo['none']:.3f})."
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    import sys
+
+    print("\n".join(adaptive_targets(read_rows([Path(p) for p in sys.argv[1:]]))))
