@@ -34,6 +34,8 @@ class ControllerSettings:
     """Steps on which adaptive requests take a random depth (what the cost slope is learned from)."""
     shadow_share: float = 0.25
     """Steps after which the drafter proposes all K drafts even when no request verifies them."""
+    cold_explore_share: float = 0.5
+    """Share of random steps while the batch size's cost slope is not learned yet."""
     warmup_steps: int = 24
     """Adaptive decode steps explored first, before the cost model has random steps."""
     request_prior_weight: float = 8.0
@@ -218,7 +220,10 @@ class DepthController:
         s = self.settings
         self.planned_steps += 1
         explore = self._explore_next or self.planned_steps <= s.warmup_steps
-        self._explore_next = self.rng.random() < s.explore_share
+        # A batch size whose cost slope is not learned yet explores more, so
+        # that every size gets its own slope quickly (a borrowed one can be wrong).
+        share = s.explore_share if self.cost.learned(len(batch)) else max(s.explore_share, s.cold_explore_share)
+        self._explore_next = self.rng.random() < share
         full_draft = self._explore_next or self.rng.random() < s.shadow_share
         if explore:
             self.explored_steps += 1

@@ -102,6 +102,10 @@ class StepCostModel:
         slope = bucket.random_steps.slope(self.min_cov)
         return None if slope is None else (max(slope, 0.0), bucket.random_steps.w)
 
+    def learned(self, batch: int) -> bool:
+        """Whether this batch size's bucket has its own slope."""
+        return self._slope(bucket_of(batch)) is not None
+
     def estimate(self, batch: int) -> CostEstimate | None:
         """The cost at this batch size; None until any step of a near size was seen."""
         index = bucket_of(batch)

@@ -174,3 +174,13 @@ def test_phase_change_restarts_from_the_new_phase_and_settles_at_once() -> None:
     assert ctrl.plan([Planned("r", "reasoning", K, True)]).depths["r"] == 0
     ctrl.track("r", "answer")
     assert ctrl.plan([Planned("r", "answer", K, True)]).depths["r"] == 1
+
+
+def test_a_batch_size_without_its_own_cost_slope_explores_more() -> None:
+    ctrl = DepthController(K, ControllerSettings(seed=9, warmup_steps=0))
+    batch = [Planned(f"r{i}", "reasoning", K, True) for i in range(4)]
+    cold = sum(ctrl.plan(batch).explore for _ in range(400)) / 400
+    for z in (0, 4, 8, 12) * 10:  # batch 4 learns its slope
+        ctrl.cost.observe(4, z, 0.1 + 0.005 * z, float(z))
+    warm = sum(ctrl.plan(batch).explore for _ in range(400)) / 400
+    assert cold > 0.4 and warm < 0.2, (cold, warm)
