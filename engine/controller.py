@@ -79,40 +79,52 @@ class Candidate:
     """Depths allowed: low..high (a fixed-depth request has low == high)."""
 
 
-def _prefix(values: Sequence[float], depth: int) -> float:
-    return sum(values[:depth])
+def _cumulative(values: Sequence[float]) -> list[float]:
+    """[0, v1, v1+v2, ...]: the prefix sums, so E(d) and V(d) are one lookup."""
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
 
 
 def expected_rate(candidates: Sequence[Candidate], depths: Sequence[int], cost: CostEstimate | None) -> float:
     """Expected tokens per second of the batch at these depths (per step if no cost is known)."""
+    return _rate(
+        [_cumulative(c.accepted) for c in candidates], [_cumulative(c.proposed) for c in candidates], depths, cost
+    )
+
+
+def _rate(
+    gains: list[list[float]], drafts: list[list[float]], depths: Sequence[int], cost: CostEstimate | None
+) -> float:
     base = cost.base_s if cost is not None else 1.0
     per_draft = cost.per_draft_s if cost is not None else 0.0
-    tokens = sum(1 + _prefix(c.accepted, d) for c, d in zip(candidates, depths, strict=True))
-    return tokens / (base + per_draft * sum(_prefix(c.proposed, d) for c, d in zip(candidates, depths, strict=True)))
+    tokens = len(depths) + sum(g[d] for g, d in zip(gains, depths, strict=True))
+    return tokens / (base + per_draft * sum(v[d] for v, d in zip(drafts, depths, strict=True)))
 
 
 def best_depths(candidates: Sequence[Candidate], cost: CostEstimate | None) -> tuple[list[int], float]:
     """Depths maximising expected tokens per second, and that rate."""
     per_draft = cost.per_draft_s if cost is not None else 0.0
+    gains = [_cumulative(c.accepted) for c in candidates]
+    drafts = [_cumulative(c.proposed) for c in candidates]
     rate, best = 0.0, [c.high for c in candidates]
     for _ in range(16):
         price = rate * per_draft
-        depths = [_best_depth(c, price) for c in candidates]
-        new_rate = expected_rate(candidates, depths, cost)
+        depths = []
+        for c, g, v in zip(candidates, gains, drafts, strict=True):
+            # argmax over low..high of E(d) - price * V(d); the shallowest on ties.
+            pick, top = c.low, g[c.low] - price * v[c.low]
+            for d in range(c.low + 1, c.high + 1):
+                value = g[d] - price * v[d]
+                if value > top + 1e-12:
+                    pick, top = d, value
+            depths.append(pick)
+        new_rate = _rate(gains, drafts, depths, cost)
         if new_rate <= rate * (1 + 1e-9):
             break  # the previous depths were optimal
         rate, best = new_rate, depths
     return best, rate
-
-
-def _best_depth(c: Candidate, price: float) -> int:
-    """argmax over low..high of E(d) - price * V(d); the shallowest on ties."""
-    best, best_value = c.low, _prefix(c.accepted, c.low) - price * _prefix(c.proposed, c.low)
-    for d in range(c.low + 1, c.high + 1):
-        value = _prefix(c.accepted, d) - price * _prefix(c.proposed, d)
-        if value > best_value + 1e-12:
-            best, best_value = d, value
-    return best
 
 
 @dataclass(slots=True)

@@ -36,18 +36,19 @@ def main() -> None:
     outputs: dict[str, list[int]] = {rid: [] for rid in ids}
     timings = []
     for step in range(cfg.steps):
+        # The synthetic drafts and outcomes are drawn before the clock starts.
+        drafts = {rid: [rng.randrange(100) for _ in range(k)] for rid in ids}
+        runs = {rid: sum(1 for _ in range(k) if rng.random() < 0.6) for rid in ids}
+        bonus = {rid: 100 + rng.randrange(100) for rid in ids}
         t0 = time.perf_counter()
         plan = ctrl.plan([Planned(rid, phases[rid], k, True) for rid in ids])
         for rid in ids:
             depth = plan.depths[rid]
             out = outputs[rid]
-            drafts = [rng.randrange(100) for _ in range(k)]
-            books[rid].propose(len(out), drafts, k, depth, phases[rid])
-            accepted = 0
-            while accepted < depth and rng.random() < 0.6:
-                accepted += 1
+            books[rid].propose(len(out), drafts[rid], k, depth, phases[rid])
+            accepted = min(runs[rid], depth)
             books[rid].verified(accepted)
-            out.extend([*drafts[:accepted], 100 + rng.randrange(100)])
+            out.extend([*drafts[rid][:accepted], bonus[rid]])
             for resolved in books[rid].feed(out):
                 ctrl.observe(rid, resolved)
             ctrl.count(phases[rid], depth, accepted + 1)
