@@ -94,8 +94,8 @@ class AdaptiveSettings(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    explore_share: float = Field(default=0.1, ge=0.0, le=1.0)
-    """Share of steps at a random depth: what the step-cost slope is learned from."""
+    explore_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Share of steps whose depths move at random by up to one: what the step-cost slope is learned from."""
     shadow_share: float = Field(default=0.25, ge=0.0, le=1.0)
     """Share of steps after which the drafter proposes all K drafts (shadow drafts)."""
     warmup_steps: int = Field(default=24, ge=0)

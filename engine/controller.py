@@ -30,8 +30,9 @@ from engine.cost_model import CostEstimate, StepCostModel
 
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
-    explore_share: float = 0.1
-    """Steps on which adaptive requests take a random depth (what the cost slope is learned from)."""
+    explore_share: float = 0.05
+    """Steps on which adaptive requests move their depth at random by up to one
+    (what the cost slope is learned from)."""
     shadow_share: float = 0.25
     """Steps after which the drafter proposes all K drafts even when no request verifies them."""
     cold_explore_share: float = 0.5
@@ -142,7 +143,7 @@ class StepPlan:
     """Chosen depth of every adaptive request in the batch."""
     explore: bool
     instrument: float | None
-    """Z, the sum of depths, on a random step."""
+    """Z on a random step: the sum of the drawn depths' deviations from their draws' means."""
     full_draft: bool
     """Let the drafter propose K after this step (shadow drafts for every position)."""
 
@@ -239,9 +240,14 @@ class DepthController:
         full_draft = self._explore_next or self.rng.random() < s.shadow_share
         if explore:
             self.explored_steps += 1
-            depths = {p.engine_id: self._random_depth(p.depth) for p in adaptive}
-            fixed = sum(p.depth for p in batch if not p.adaptive)
-            return StepPlan(depths, True, float(fixed + sum(depths.values())), full_draft)
+            warm = self.planned_steps > s.warmup_steps
+            depths, instrument = {}, 0.0
+            for p in adaptive:
+                request = self.requests.get(p.engine_id)
+                decided = request.depth if warm and request is not None else None
+                depths[p.engine_id], centred = self._random_depth(p.depth, decided)
+                instrument += centred
+            return StepPlan(depths, True, instrument, full_draft)
         candidates, previous = [], []
         for p in batch:
             self.track(p.engine_id, p.phase)
@@ -260,9 +266,20 @@ class DepthController:
                 depths[p.engine_id] = self.requests[p.engine_id].depth = d
         return StepPlan(depths, False, None, full_draft)
 
-    def _random_depth(self, cap: int) -> int:
+    def _random_depth(self, cap: int, decided: int | None) -> tuple[int, float]:
+        """A random depth, and its deviation from the mean of what it was drawn from.
+
+        Once a request has a decided depth, a random step moves it by at most
+        one (cheap: on the user's machine a draft costs a whole expert read);
+        before, it draws from 0..cap. The instrument is the centred draw: its
+        mean is 0 whatever the decided depth, so it is uncorrelated with
+        anything the decision depends on (phase, context, acceptance)."""
         allowed = [d for d in self.settings.explore_depths if d <= cap]
-        return self.rng.choice(allowed) if allowed else self.rng.randint(0, cap)
+        if not allowed:
+            low, high = (0, cap) if decided is None else (max(decided - 1, 0), min(decided + 1, cap))
+            allowed = list(range(low, high + 1))
+        depth = self.rng.choice(allowed)
+        return depth, depth - sum(allowed) / len(allowed)
 
     def step_done(self, batch: int, drafts: int, seconds: float, plan: StepPlan | None) -> None:
         """A decode step finished: feed its time to the cost model."""

@@ -10,10 +10,11 @@ Naturally occurring steps are confounded: a step verifies few drafts
 (ngram searched the whole context) or a long accepted run may come with a
 cheap context. A plain regression of time on drafts would learn those
 accidents. So the slope is estimated only from controlled variation: on a
-small random share of steps the controller draws every adaptive request's
+small random share of steps the controller moves every adaptive request's
 depth at random, and the slope is the instrumental-variable (Wald) estimate
 ``cov(time, Z) / cov(drafts, Z)`` over those steps, where Z, the sum of the
-drawn depths, is independent of everything else in the step. The base is the
+random draws' deviations from their means, is uncorrelated with everything
+else in the step. The base is the
 mean of ``time - slope * drafts`` over all steps. Everything is exponentially
 weighted, so the model follows load and forgets old steps.
 
@@ -85,7 +86,7 @@ class StepCostModel:
     """Decay per random step of the slope (about the last 50 random steps)."""
     min_random: float = 12.0
     """Random-step weight a bucket needs before its slope is trusted."""
-    min_cov: float = 0.05
+    min_cov: float = 0.02
     buckets: dict[int, _Bucket] = field(default_factory=dict)
 
     def observe(self, batch: int, drafts: int, seconds: float, instrument: float | None) -> None:

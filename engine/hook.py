@@ -155,10 +155,13 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(request.request_id)
             if ledger is None:
                 continue
-            if ledger.adaptive and not self._near_thinking_budget(request, ledger.phase):
-                batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True))
-            else:
+            if not ledger.adaptive:
                 batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
+            elif self._near_thinking_budget(request, ledger.phase):
+                ledger.depth = ledger.decided  # held, never at a random step's depth
+                batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
+            else:
+                batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True))
         if not batch:
             return None
         plan = self.controller.plan(batch)

@@ -84,6 +84,8 @@ class RequestLedger:
     max_depth: int
     adaptive: bool = False
     cap: int = 0
+    decided: int = 0
+    """Adaptive: the controller's last decided depth (random steps aside)."""
     """Adaptive: the largest depth the controller may choose."""
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
     depth_log: list[tuple[int, int, str]] = field(default_factory=list)
@@ -107,16 +109,15 @@ class RequestLedger:
 
     def set_mode(self, depth: int, adaptive: bool) -> None:
         self.adaptive = adaptive
-        self.cap = depth
-        self.depth = depth
+        self.cap = self.decided = self.depth = depth
 
     def choose(self, step: int, depth: int, why: list[float], per_draft_ms: float | None) -> None:
         """The controller's depth for the next step (logged when it changes)."""
-        if depth != self.depth or not self.decisions_total:
+        if depth != self.decided or not self.decisions_total:
             self.decisions_total += 1
             if len(self.decisions) < DECISION_LOG_CAP:
                 self.decisions.append([step, depth, self.phase, [round(c, 3) for c in why], per_draft_ms])
-        self.depth = depth
+        self.depth = self.decided = depth
 
 
 def summarize(ledgers: list[RequestLedger]) -> dict[str, Any]:
