@@ -220,7 +220,8 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
         adaptive = await run(engine, text, f"adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"))
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
         finals.append(adaptive.spec.final)
-    assert all(f is not None and f["decisions_total"] >= 1 for f in finals)
+    # Decisions before the hold near the thinking budget (24 tokens: held from token 8 on).
+    assert all(f is not None for f in finals) and sum(f["decisions_total"] for f in finals if f) >= N_PROMPTS
     assert sum(f["explored_steps"] for f in finals if f) > 0
     drafted_counts = {
         n for f in finals if f for c in f["phases"].values() for n, s in enumerate(c["steps_by_drafted"]) if s
