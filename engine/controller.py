@@ -266,6 +266,15 @@ class DepthController:
                 depths[p.engine_id] = self.requests[p.engine_id].depth = d
         return StepPlan(depths, False, None, full_draft)
 
+    def decide(self, engine_id: str, phase: str, cap: int, batch: int) -> int:
+        """One request's best depth now, no random step (the depth it will hold)."""
+        self.track(engine_id, phase)
+        request = self.requests[engine_id]
+        candidate = Candidate(request.rates.accepted(), request.rates.proposed(), 0, cap)
+        (depth,), _ = best_depths([candidate], self.cost.estimate(batch))
+        request.depth = depth
+        return depth
+
     def _random_depth(self, cap: int, decided: int | None) -> tuple[int, float]:
         """A random depth, and its deviation from the mean of what it was drawn from.
 

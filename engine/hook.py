@@ -158,9 +158,14 @@ class DepthScheduler(Scheduler):
             if not ledger.adaptive:
                 batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
             elif self._near_thinking_budget(request, ledger.phase):
-                ledger.depth = ledger.decided  # held, never at a random step's depth
+                if ledger.held is None:  # entering the window: decide once, then hold
+                    ledger.held = self.controller.decide(
+                        request.request_id, ledger.phase, ledger.cap, len(self.running)
+                    )
+                ledger.depth = ledger.held
                 batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
             else:
+                ledger.held = None
                 batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True))
         if not batch:
             return None
@@ -185,7 +190,9 @@ class DepthScheduler(Scheduler):
         budget moves the forced end of thinking by a few tokens (measured on
         the embedded model; fixed depths and lowering are exact). So an
         adaptive request holds its depth from 4(K+1) output tokens before its
-        budget until the front end reports the end of reasoning.
+        budget until the front end reports the end of reasoning (a depth decided
+        on entering that window, never a random step's). Lowering is not safe
+        either (3->2 moved it too), so the depth does not move at all there.
         """
         params = request.sampling_params
         budget = params.thinking_token_budget if params is not None else None

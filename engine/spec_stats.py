@@ -86,6 +86,8 @@ class RequestLedger:
     cap: int = 0
     decided: int = 0
     """Adaptive: the controller's last decided depth (random steps aside)."""
+    held: int | None = None
+    """Adaptive: the depth held close to the thinking budget (engine/hook.py)."""
     """Adaptive: the largest depth the controller may choose."""
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
     depth_log: list[tuple[int, int, str]] = field(default_factory=list)

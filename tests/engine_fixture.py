@@ -65,7 +65,8 @@ async def probe_shadow_acceptance(engine: PhasespecLLM, requests: int, max_token
     try:
         await asyncio.gather(
             *(
-                run(engine, copy_prompt(i), f"probe-{i}", SpecRequest(depth=k, adaptive=True), max_tokens=max_tokens)
+                # No thinking budget in reach: no depth hold (engine/hook.py).
+                run(engine, copy_prompt(i), f"probe-{i}", SpecRequest(depth=k, adaptive=True), max_tokens, 10_000)
                 for i in range(requests)
             )
         )

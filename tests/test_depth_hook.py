@@ -216,11 +216,13 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
     finals = []
     for i in range(N_PROMPTS):
         text = copy_prompt(i)
-        reference = await run(engine, text, f"adaptive-ref-{i}", SpecRequest(depth=K))
-        adaptive = await run(engine, text, f"adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"))
+        reference = await run(engine, text, f"adaptive-ref-{i}", SpecRequest(depth=K), 64, 40)
+        adaptive = await run(
+            engine, text, f"adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"), 64, 40
+        )
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
         finals.append(adaptive.spec.final)
-    # Decisions before the hold near the thinking budget (24 tokens: held from token 8 on).
+    # Decided steps come before the hold near the thinking budget (40: held from token 24 on).
     assert all(f is not None for f in finals) and sum(f["decisions_total"] for f in finals if f) >= N_PROMPTS
     assert sum(f["explored_steps"] for f in finals if f) > 0
     drafted_counts = {
