@@ -223,7 +223,7 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
         finals.append(adaptive.spec.final)
     # Decided steps come before the hold near the thinking budget (40: held from token 24 on).
-    assert all(f is not None for f in finals) and sum(f["decisions_total"] for f in finals if f) >= N_PROMPTS
+    assert all(f is not None for f in finals) and sum(1 for f in finals if f and f["decisions_total"]) >= N_PROMPTS // 2
     assert sum(f["explored_steps"] for f in finals if f) > 0
     drafted_counts = {
         n for f in finals if f for c in f["phases"].values() for n, s in enumerate(c["steps_by_drafted"]) if s
