@@ -71,7 +71,8 @@ def add_phase(into: dict[str, Any], counters: dict[str, Any]) -> None:
         into[key] = into.get(key, 0) + int(counters.get(key) or 0)
     for key in ("accepted_per_pos", "steps_by_drafted"):
         values = counters.get(key) or []
-        have = into.setdefault(key, [0] * len(values))
+        have = into.setdefault(key, [])
+        have.extend([0] * (len(values) - len(have)))  # a phase with no verify step reports []
         for i, v in enumerate(values):
             have[i] += v
 
