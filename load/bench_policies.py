@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from load.adaptive_report import adaptive_targets, read_cells
 from load.policy_report import Cell, Policy, add_phase, cost_curve, policy_grid, summarize, write_chart, write_csv
 from load.workload import chat_prompt, copy_prompt
 
@@ -31,7 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client concurrencies")
     parser.add_argument("--reps", type=int, default=2, help="repetitions of every cell")
-    parser.add_argument("--prompts", type=int, default=20, help="requests per cell (distinct prompts)")
+    parser.add_argument(
+        "--prompts", type=int, default=20, help="requests per cell (distinct prompts); at least the concurrency"
+    )
     parser.add_argument("--reasoning-budget", type=int, default=48, help="thinking tokens per request")
     parser.add_argument("--answer-tokens", type=int, default=16, help="answer tokens per request")
     parser.add_argument(
@@ -152,17 +155,28 @@ async def main_async(cfg: argparse.Namespace) -> Path:
         policies = parse_policies(cfg.policies, k)
         reasoning = engine.vllm_config.reasoning_config
         end_len = len(reasoning.reasoning_end_token_ids or ()) if reasoning is not None else 0
-        prompts = [chat_prompt(engine, copy_prompt(i)) for i in range(cfg.prompts)]
         concurrencies = [int(c) for c in cfg.concurrency.split(",")]
+        # A cell sends max(--prompts, concurrency) requests, so every slot is used at least once.
+        prompts = [chat_prompt(engine, copy_prompt(i)) for i in range(max(cfg.prompts, *concurrencies))]
         # Greedy reference: the uncapped engine (depth K everywhere), concurrency 1.
-        ref_cell, _, ref_outputs = await run_cell(engine, board, Policy(k, k), 1, -1, cfg, prompts, end_len, None)
+        ref_cell, _, ref_outputs = await run_cell(
+            engine, board, Policy(k, k), 1, -1, cfg, prompts[: cfg.prompts], end_len, None
+        )
         reference = dict(enumerate(ref_outputs))
         log(f"reference run: {ref_cell.tok_s:.1f} tok/s; {len(policies)} policies x {concurrencies} x {cfg.reps} reps")
         for rep, conc in itertools.product(range(cfg.reps), concurrencies):
             shift = rep % len(policies)
             for policy in policies[shift:] + policies[:shift]:
                 cell, cell_steps, _ = await run_cell(
-                    engine, board, policy, conc, rep, cfg, prompts, end_len, reference if conc == 1 else None
+                    engine,
+                    board,
+                    policy,
+                    conc,
+                    rep,
+                    cfg,
+                    prompts[: max(cfg.prompts, conc)],
+                    end_len,
+                    reference if conc == 1 else None,
                 )
                 cells.append(cell)
                 steps.extend(cell_steps)
@@ -195,6 +209,8 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     if emulation:
         log(f"EMULATED step cost {emulation['step_ms']} ms: {emulation['overrun_share']:.2%} of steps overran it")
     print_summary(rows)
+    if any(p.adaptive for p in policies):
+        print("\n".join(adaptive_targets(read_cells([out]))))
     log(f"wrote {out}")
     return out
 

@@ -1,0 +1,122 @@
+"""The adaptive policy against the static ones, from a policy benchmark's cells.
+
+    .venv/bin/python -m load.adaptive_report load/results/DIR [DIR...]
+
+Ratios are *paired*: within one repetition at one concurrency every policy ran
+back to back (rotated order), so ``adaptive / other`` is taken per repetition
+and the table shows their geometric mean and the [min, max] over repetitions.
+Machine drift between repetitions (up to ~30% here) then cancels instead of
+landing in whichever policy happened to run during a slow minute. The best
+static policy is chosen in hindsight by mean throughput, which favours it: the
+largest of many noisy means is biased upwards.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from load.policy_report import USER_MAP
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    mean: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def read_cells(folders: list[Path]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for folder in folders:
+        with (folder / "cells.csv").open() as file:
+            rows.extend(csv.DictReader(file))
+    return rows
+
+
+class Board:
+    """tok/s per (concurrency, repetition, policy)."""
+
+    def __init__(self, cells: list[dict[str, Any]]) -> None:
+        self.tok_s: dict[int, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+        self.chosen: dict[int, dict[str, list[int]]] = defaultdict(dict)
+        for cell in cells:
+            conc, rep, name = int(cell["concurrency"]), int(cell["rep"]), cell["policy"]
+            self.tok_s[conc][rep][name] = float(cell["tok_s"])
+            for phase, steps in json.loads(cell.get("chosen") or "{}").items():
+                have = self.chosen[conc].setdefault(phase, [0] * len(steps))
+                for depth, n in enumerate(steps):
+                    have[depth] += n
+
+    def mean(self, conc: int, name: str) -> float:
+        return statistics.fmean(rep[name] for rep in self.tok_s[conc].values() if name in rep)
+
+    def policies(self, conc: int) -> set[str]:
+        return {name for rep in self.tok_s[conc].values() for name in rep}
+
+    def paired(self, conc: int, name: str, against: str) -> Paired | None:
+        ratios = [rep[name] / rep[against] for rep in self.tok_s[conc].values() if name in rep and against in rep]
+        if not ratios:
+            return None
+        return Paired(statistics.geometric_mean(ratios), min(ratios), max(ratios))
+
+    def spread(self, conc: int, name: str) -> float:
+        values = [rep[name] for rep in self.tok_s[conc].values() if name in rep]
+        return (max(values) - min(values)) / statistics.fmean(values)
+
+
+def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
+    """Markdown: adaptive against none, the best static and fixed policies, the user's map."""
+    board = Board(cells)
+    lines = [
+        "| conc | reps | adaptive tok/s (spread) | vs none | best static (hindsight) | vs it | best fixed "
+        "| vs it | vs map-1-2 | adaptive's steps at depth 0/1/2/3 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    concs = sorted(c for c in board.tok_s if "adaptive" in board.policies(c))
+    for conc in concs:
+        static = {name: board.mean(conc, name) for name in board.policies(conc) - {"adaptive"}}
+        best_static = max(static, key=static.__getitem__)
+        fixed = {k: v for k, v in static.items() if k.startswith("fixed-")}
+        best_fixed = max(fixed, key=fixed.__getitem__)
+        user = board.paired(conc, "adaptive", USER_MAP.name)
+        lines.append(
+            f"| {conc} | {len(board.tok_s[conc])} | {board.mean(conc, 'adaptive'):.2f} "
+            f"({board.spread(conc, 'adaptive'):.1%}) | {board.paired(conc, 'adaptive', 'none')} "
+            f"| {best_static} {static[best_static]:.2f} | {board.paired(conc, 'adaptive', best_static)} "
+            f"| {best_fixed} | {board.paired(conc, 'adaptive', best_fixed)} | {user or '-'} "
+            f"| {dict(board.chosen[conc])} |"
+        )
+    if len(concs) > 1:
+        names = {n for c in concs for n in board.policies(c) if n.startswith("fixed-")}
+        names = {n for n in names if all(n in board.policies(c) for c in concs)}
+        geo = {
+            name: statistics.geometric_mean(board.paired(c, "adaptive", name).mean for c in concs)  # type: ignore[union-attr]
+            for name in names | {"none"}
+        }
+        best = min(names, key=geo.__getitem__)
+        lines += [
+            "",
+            f"Geometric mean over concurrency {', '.join(map(str, concs))} of the paired ratios: adaptive / none "
+            f"{geo['none']:.3f}; adaptive / fixed-d: "
+            + ", ".join(f"{n} {geo[n]:.3f}" for n in sorted(names))
+            + f" (the best single fixed depth overall: {best}).",
+        ]
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    print("\n".join(adaptive_targets(read_cells([Path(p) for p in argv]))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

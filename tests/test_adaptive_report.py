@@ -1,0 +1,47 @@
+"""The adaptive benchmark report pairs policies within a repetition."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from load.adaptive_report import Board, adaptive_targets
+
+
+def cells(table: dict[int, dict[str, float]], conc: int = 1) -> list[dict[str, str]]:
+    """rep -> policy -> tok/s, as cells.csv rows."""
+    chosen = json.dumps({"reasoning": [3, 0, 0, 1]})
+    return [
+        {
+            "concurrency": str(conc),
+            "rep": str(rep),
+            "policy": name,
+            "tok_s": str(tok_s),
+            "chosen": chosen if name == "adaptive" else "{}",
+        }
+        for rep, row in table.items()
+        for name, tok_s in row.items()
+    ]
+
+
+def test_machine_drift_between_repetitions_cancels_in_paired_ratios() -> None:
+    # The second repetition ran on a machine twice as slow: every policy halves.
+    board = Board(cells({0: {"none": 10.0, "adaptive": 12.0}, 1: {"none": 5.0, "adaptive": 6.0}}))
+    paired = board.paired(1, "adaptive", "none")
+    assert paired is not None
+    assert (paired.mean, paired.low, paired.high) == pytest.approx((1.2, 1.2, 1.2))
+    assert board.spread(1, "none") == pytest.approx(5.0 / 7.5)
+
+
+def test_best_static_is_chosen_by_mean_and_chosen_depths_are_summed() -> None:
+    table = {
+        0: {"none": 10.0, "fixed-1": 11.0, "map-1-2": 12.0, "adaptive": 12.0},
+        1: {"none": 10.0, "fixed-1": 11.0, "map-1-2": 13.0, "adaptive": 12.0},
+    }
+    lines = adaptive_targets(cells(table, conc=1) + cells(table, conc=4))
+    row = lines[2]
+    assert row.startswith("| 1 | 2 | 12.00 (0.0%) | 1.200 [1.200, 1.200] | map-1-2 12.50 |")
+    assert "| fixed-1 | 1.091 [1.091, 1.091] |" in row
+    assert "{'reasoning': [6, 0, 0, 2]}" in row
+    assert "fixed-1 1.091 (the best single fixed depth overall: fixed-1)" in lines[-1]
