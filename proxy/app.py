@@ -24,10 +24,11 @@ from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
 from proxy.admission import AdmissionMiddleware
 from proxy.auth import ApiKeyMiddleware
+from proxy.body import BodyMiddleware
 from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats
+from proxy.drain import Drain, DrainMiddleware
 from proxy.observer import ObserverFactory, StatsBoard
 from proxy.overrides import PHASES as PHASE_NAMES
-from proxy.overrides import OverrideMiddleware
 from proxy.phases import markers_from_vllm
 from proxy.policy import ADAPTIVE, PhaseDepths
 from proxy.state import router as state_router
@@ -50,10 +51,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     board = StatsBoard()
     max_depth = 0
+    drain = Drain(grace_s=float(args.shutdown_timeout or 0))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         nonlocal max_depth
+        drain.loop = asyncio.get_running_loop()
         # A mounted app's own lifespan never runs: start vLLM's from here,
         # once its state (engine, OpenAI handlers) exists.
         async with open_engine(args, defaults, options) as engine:
@@ -76,12 +79,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="phasespec", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.engine_died = False
+    app.state.drain = drain
     app.state.request_exit = lambda: None  # the HTTP server (proxy/cli.py) sets it
     app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content, attach_stats(board)])
-    app.add_middleware(OverrideMiddleware, max_depth=lambda: max_depth)
+    app.add_middleware(BodyMiddleware, max_depth=lambda: max_depth)
     server = settings.server
     app.add_middleware(AdmissionMiddleware, max_inflight=server.max_inflight, max_body_bytes=server.max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, keys=server.api_keys, guard_metrics=server.guard_metrics)
+    app.add_middleware(DrainMiddleware, drain=drain)
     app.include_router(state_router)
     app.mount("/", vllm_app)
     return app

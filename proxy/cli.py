@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -28,20 +30,36 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app(settings)
     except SettingsError as exc:
         sys.exit(f"phasespec: {exc}")
-    server = uvicorn.Server(
+    drain = app.state.drain
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=settings.server.host,
             port=settings.server.port,
             log_level=settings.server.log_level,
             log_config=log_config,
-            timeout_graceful_shutdown=10,
+            # The middleware cuts what is left at the grace period; this is a backstop.
+            timeout_graceful_shutdown=int(drain.grace_s) + 5,
         )
     )
+    server.on_exit = drain.request
     app.state.request_exit = lambda: setattr(server, "should_exit", True)
+    # uvicorn re-raises the signal it stopped on once it is done; a drained
+    # SIGTERM is a clean stop, so it ends the process with status 0, not 143.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server.run()
     if app.state.engine_died:
         sys.exit(1)  # a supervisor restarts a process that failed
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, draining in-flight requests on SIGTERM/SIGINT (proxy/drain.py)."""
+
+    on_exit = staticmethod(lambda: None)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)
 
 
 if __name__ == "__main__":

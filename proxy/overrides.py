@@ -1,4 +1,4 @@
-"""Pure-ASGI middleware for the ``phasespec`` field of a request body.
+"""The ``phasespec`` field of a request body (applied by proxy/body.py).
 
 A client may steer its own request::
 
@@ -14,16 +14,10 @@ request's observer. Bodies without the field pass through untouched.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from proxy.errors import openai_error
 from proxy.observer import XARG_DEPTH, XARG_EXPECT_USAGE, XARG_POLICY, XARG_STATS
 
-PATHS = ("/v1/chat/completions", "/v1/completions")
 FIELD = "phasespec"
 PHASES = ("reasoning", "answer", "tool_call")
 POLICIES = ("static", "adaptive")
@@ -69,14 +63,10 @@ def override_xargs(value: Any, max_depth: int, stream_usage: bool) -> dict[str, 
     return xargs
 
 
-def rewrite_body(body: bytes, max_depth: int) -> bytes:
-    """The body with ``phasespec`` moved into ``vllm_xargs`` (raises OverrideError)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body  # vLLM answers malformed JSON itself
-    if not isinstance(data, dict) or FIELD not in data:
-        return body
+def apply_overrides(data: dict[str, Any], max_depth: int) -> bool:
+    """Move ``phasespec`` into ``vllm_xargs`` in place (raises OverrideError); False if absent."""
+    if FIELD not in data:
+        return False
     options = data.get("stream_options") or {}
     stream_usage = bool(data.get("stream")) and isinstance(options, dict) and bool(options.get("include_usage"))
     xargs = override_xargs(data.pop(FIELD), max_depth, stream_usage)
@@ -84,46 +74,4 @@ def rewrite_body(body: bytes, max_depth: int) -> bytes:
     if not isinstance(existing, dict):
         raise OverrideError("'vllm_xargs' must be an object", "vllm_xargs")
     data["vllm_xargs"] = {**existing, **xargs}
-    return json.dumps(data).encode()
-
-
-class OverrideMiddleware:
-    def __init__(self, app: ASGIApp, max_depth: Callable[[], int]) -> None:
-        self.app = app
-        self.max_depth = max_depth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PATHS:
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        if b'"' + FIELD.encode() + b'"' in body:
-            try:
-                body = rewrite_body(body, self.max_depth())
-            except OverrideError as exc:
-                await openai_error(send, 400, str(exc), exc.param)
-                return
-            headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-            scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
-        await self.app(scope, _replay(body, receive), send)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # later: disconnect notifications
-
-    return replay
+    return True

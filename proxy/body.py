@@ -1,0 +1,86 @@
+"""Request bodies in pure ASGI: read once (bounded), check, rewrite, replay to the app."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy import strict
+from proxy.errors import openai_error
+from proxy.overrides import OverrideError, apply_overrides
+
+PATHS = (strict.CHAT, strict.COMPLETIONS)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int | None = None) -> bytes:
+    """The whole body; BodyTooLarge past ``limit`` bytes (chunked bodies declare no length)."""
+    chunks: list[bytes] = []
+    seen = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if limit is not None and seen > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app ``body`` first, then passes on (disconnect notices)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def with_length(scope: Scope, body: bytes) -> Scope:
+    headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"transfer-encoding")]
+    return {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+
+
+class BodyMiddleware:
+    """The completion routes: OpenAI-strict checks (proxy/strict.py), then the ``phasespec`` field."""
+
+    def __init__(self, app: ASGIApp, max_depth: Callable[[], int]) -> None:
+        self.app = app
+        self.max_depth = max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await read_body(receive)
+        except ClientGone:
+            return
+        try:
+            data = strict.parse(body)
+            strict.check(scope["path"], data)
+            if apply_overrides(data, self.max_depth()):
+                body = json.dumps(data).encode()
+                scope = with_length(scope, body)
+        except (strict.Invalid, OverrideError) as exc:
+            await openai_error(send, 400, str(exc), exc.param)
+            return
+        await self.app(scope, replay(body, receive), send)

@@ -1,0 +1,98 @@
+"""A deploy restarts the server: SIGTERM drains in-flight streams within vLLM's --shutdown-timeout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from load.server import ServerProcess
+from load.workload import copy_prompt
+
+GRACE_S = 12
+SHORT_TOKENS = 60
+LONG_TOKENS = 3000  # far more than the grace period allows here
+
+
+@pytest.fixture(scope="module")
+def draining(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess("--shutdown-timeout", str(GRACE_S), log_path=tmp_path_factory.mktemp("drain") / "server.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def stream(base_url: str, model: str, i: int, tokens: int, events: list[str]) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": copy_prompt(i)}],
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    try:
+        with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as response:
+            events.extend(line for line in response.iter_lines() if line)
+    except httpx.HTTPError as exc:
+        events.append(f"closed: {type(exc).__name__}")
+
+
+def completion_tokens(events: list[str]) -> int | None:
+    for line in reversed(events):
+        if line.startswith("data: {"):
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                return int(usage["completion_tokens"])
+    return None
+
+
+def test_sigterm_finishes_streams_within_grace_cuts_the_rest_and_exits_zero(
+    draining: ServerProcess, model_name: str
+) -> None:
+    plan = [SHORT_TOKENS] * 3 + [LONG_TOKENS]
+    events: list[list[str]] = [[] for _ in plan]
+    threads = [
+        threading.Thread(target=stream, args=(draining.base_url, model_name, i, n, events[i]), daemon=True)
+        for i, n in enumerate(plan)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while not all(len(e) > 2 for e in events) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(len(e) > 2 for e in events), "every stream is producing tokens before SIGTERM"
+    assert draining.proc is not None
+    draining.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+
+    time.sleep(0.5)
+    try:
+        late = httpx.post(
+            f"{draining.base_url}/v1/chat/completions",
+            json={"model": model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+            timeout=10,
+        )
+        assert late.status_code == 503 and late.headers["retry-after"], late.text
+    except httpx.ConnectError:
+        pass  # not listening any more: what a load balancer sees during a drain
+
+    for thread in threads:
+        thread.join(timeout=GRACE_S + 30)
+    for i in range(3):
+        assert completion_tokens(events[i]) == SHORT_TOKENS, events[i][-3:]
+        assert events[i][-1] == "data: [DONE]"
+    long = events[3]
+    assert completion_tokens(long) is None, "the long stream was cut, not finished"
+    error = json.loads(long[-2][6:])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"]
+    assert long[-1] == "data: [DONE]"
+    code = draining.proc.wait(timeout=GRACE_S + 30)
+    assert code == 0, draining.log_tail()
+    assert time.monotonic() - sent >= GRACE_S - 1, "the long stream ran until the grace period ended"
