@@ -47,6 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="EMULATION, not this machine: pad decode steps to 'A+B*tokens' ms or a profile ('moe-offload')",
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="adaptive cells per concurrency run (and discarded) before the first repetition, so that the "
+        "comparison sees a controller that has learned this machine, as a long-running server's has",
+    )
     parser.add_argument("--emulate-scale", type=float, default=1.0, help="multiplies the emulated step time")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
     return parser.parse_args(argv)
@@ -164,6 +171,13 @@ async def main_async(cfg: argparse.Namespace) -> Path:
         )
         reference = dict(enumerate(ref_outputs))
         log(f"reference run: {ref_cell.tok_s:.1f} tok/s; {len(policies)} policies x {concurrencies} x {cfg.reps} reps")
+        adaptive = [p for p in policies if p.adaptive]
+        for _, conc, policy in itertools.product(range(cfg.warmup), concurrencies, adaptive):
+            warm, _, _ = await run_cell(
+                engine, board, policy, conc, -1, cfg, prompts[: max(cfg.prompts, conc)], end_len, None
+            )
+            log(f"warm-up c={conc:<3} {policy.name:<9} {warm.tok_s:7.1f} tok/s (discarded)")
+        await engine.drain_step_log()
         for rep, conc in itertools.product(range(cfg.reps), concurrencies):
             shift = rep % len(policies)
             for policy in policies[shift:] + policies[:shift]:

@@ -34,11 +34,15 @@ def parse(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise Invalid(f"request body is not valid UTF-8 (byte {exc.start})", None) from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except ValueError as exc:
         raise Invalid(f"request body is not valid JSON: {exc}", None) from None
     except RecursionError:
         raise Invalid("request body nests JSON too deeply", None) from None
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def _is_int(value: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -76,6 +77,16 @@ async def test_hundred_disconnects_at_random_points_leave_nothing_behind(base_ur
         assert (await client.post(f"{base_url}/v1/chat/completions", json=body)).status_code == 200
 
 
+JSON = {"content-type": "application/json"}
+
+
+async def chunked(size: int) -> AsyncIterator[bytes]:
+    """A body sent with Transfer-Encoding: chunked (no Content-Length)."""
+    block = b"x" * 2**16
+    for _ in range(size // len(block)):
+        yield block
+
+
 def bad_requests(model: str) -> list[tuple[str, str, dict[str, Any], int, str]]:
     """(name, path, httpx kwargs, expected status, a word the error must contain)."""
     chat = "/v1/chat/completions"
@@ -85,6 +96,11 @@ def bad_requests(model: str) -> list[tuple[str, str, dict[str, Any], int, str]]:
 
     def body(**fields: Any) -> dict[str, Any]:
         return {"json": {"model": model, "messages": msg, "max_tokens": 8, **fields}}
+
+    def raw(field: bytes) -> dict[str, Any]:
+        """A body with one field written as raw JSON text (values json.dumps cannot produce)."""
+        text = json.dumps({"model": model, "messages": msg}).encode()
+        return {"content": text[:-1] + b", " + field + b"}", "headers": JSON}
 
     def without(key: str) -> dict[str, Any]:
         data = body()["json"]
@@ -150,6 +166,36 @@ def bad_requests(model: str) -> list[tuple[str, str, dict[str, Any], int, str]]:
         ("bad response_format", chat, body(response_format={"type": "yaml"}), 400, "response_format"),
         ("completions without prompt", cmpl, {"json": {"model": model, "max_tokens": 4}}, 400, "prompt"),
         ("completions prompt is an object", cmpl, {"json": {"model": model, "prompt": {"a": 1}}}, 400, "prompt"),
+        # Where vLLM is lax and the OpenAI API is not (proxy/strict.py).
+        ("unknown message role", chat, body(messages=[{"role": "wizard", "content": "hi"}]), 400, "role"),
+        ("stream is a string", chat, body(stream="yes"), 400, "stream"),
+        ("max_tokens is a numeric string", chat, body(max_tokens="8"), 400, "max_tokens"),
+        ("max_tokens overflows to infinity", chat, raw(b'"max_tokens": 1e400'), 400, "max_tokens"),
+        ("n is a string", chat, body(n="2"), 400, "n"),
+        ("temperature above 2", chat, body(temperature=5), 400, "temperature"),
+        ("temperature is NaN", chat, raw(b'"temperature": NaN'), 400, "nan"),
+        ("logprobs is a string", chat, body(logprobs="true"), 400, "logprobs"),
+        ("stop has a number", chat, body(stop=["a", 1]), 400, "stop"),
+        ("user is an object", chat, body(user={"id": 1}), 400, "user"),
+        ("message is null", chat, body(messages=[None]), 400, "messages[0]"),
+        ("message is a number", chat, body(messages=[3]), 400, "messages[0]"),
+        ("empty body", chat, {"content": b"", "headers": JSON}, 400, "json"),
+        ("body is null", chat, {"content": b"null", "headers": JSON}, 400, "object"),
+        ("body is a string", chat, {"content": b'"hi"', "headers": JSON}, 400, "object"),
+        ("invalid utf-8", chat, {"content": b'{"model": "\xc3\x28"}', "headers": JSON}, 400, "utf-8"),
+        ("utf-16 body", chat, {"content": json.dumps(body()["json"]).encode("utf-16"), "headers": JSON}, 400, "utf-8"),
+        ("deep nesting", chat, {"content": b"[" * 100_000 + b"]" * 100_000, "headers": JSON}, 400, "deeply"),
+        ("chunked body over the limit", chat, {"content": chunked(6 * 2**20), "headers": JSON}, 413, "exceeds"),
+        ("chunked body over the limit, other route", "/tokenize", {"content": chunked(6 * 2**20)}, 413, "exceeds"),
+        ("completions echo is a string", cmpl, {"json": {"model": model, "prompt": "hi", "echo": "yes"}}, 400, "echo"),
+        ("completions prompt mixes types", cmpl, {"json": {"model": model, "prompt": [1, "a"]}}, 400, "prompt"),
+        (
+            "completions logprobs above 5",
+            cmpl,
+            {"json": {"model": model, "prompt": "hi", "logprobs": 6}},
+            400,
+            "logprobs",
+        ),
         ("completions unknown model", cmpl, {"json": {"model": "nope", "prompt": "hi"}}, 404, "nope"),
         (
             "completions negative max_tokens",
@@ -164,7 +210,7 @@ def bad_requests(model: str) -> list[tuple[str, str, dict[str, Any], int, str]]:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_bad_requests_get_openai_4xx_while_good_ones_succeed(base_url: str, model_name: str) -> None:
     cases = bad_requests(model_name)
-    assert len(cases) >= 30
+    assert len(cases) >= 50
     stop = asyncio.Event()
     good: list[int] = []
 

@@ -80,6 +80,7 @@ def test_well_formed_requests_pass(path: str, data: Any) -> None:
         (b"[" * 100_000 + b"]" * 100_000, "deeply"),
         (b'{"model": ', "JSON"),
         (b"", "JSON"),
+        (b'{"model": "m", "temperature": NaN}', "NaN is not a JSON value"),
     ],
 )
 def test_undecodable_bodies_are_400s(body: bytes, word: str) -> None:
