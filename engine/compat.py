@@ -206,6 +206,25 @@ def require_vllm() -> Found:
     return found
 
 
+def natural_reasoning_end_ids(reasoning_config: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The token ids a model itself ends reasoning with (not a configured forced end phrase).
+
+    vLLM >= 0.32 keeps them as ``ReasoningConfig.natural_reasoning_end_token_ids``.
+    Before it (0.27 .. 0.31) there is only the configured end string; the natural
+    end is the reasoning parser's ``reasoning_end_str``, derived here as 0.32 does."""
+    ids = getattr(reasoning_config, "natural_reasoning_end_token_ids", None)
+    if ids is not None:
+        return tuple(ids)
+    end = ""
+    if reasoning_config.reasoning_parser:
+        from vllm.reasoning import ReasoningParserManager
+
+        parser = ReasoningParserManager.get_reasoning_parser(reasoning_config.reasoning_parser)(tokenizer)
+        end = parser.reasoning_end_str or ""
+    end = end or reasoning_config.reasoning_end_str
+    return tuple(tokenizer.encode(end, add_special_tokens=False)) if end else ()
+
+
 async def call_utility_all(client: Any, method: str, *args: Any) -> list[Any]:
     """Call an engine-core utility on every engine (rank) and return every answer.
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from engine.compat import natural_reasoning_end_ids
+
 
 class Phase(StrEnum):
     REASONING = "reasoning"
@@ -127,7 +129,7 @@ def markers_from_vllm(vllm_config: object, tokenizer: object, tool_parser: str |
     end: tuple[int, ...] = ()
     if reasoning is not None and reasoning.enabled:
         start = tuple(reasoning.reasoning_start_token_ids or ())
-        end = tuple(reasoning.natural_reasoning_end_token_ids or ())
+        end = natural_reasoning_end_ids(reasoning, tokenizer)
     tool_start: tuple[int, ...] = ()
     tool_end: tuple[int, ...] = ()
     if tool_parser:
