@@ -42,7 +42,7 @@ test: install
 # One virtualenv per vLLM release, outside the checkout so that fresh clones
 # (CI) reuse it; keyed by pyproject.toml so a changed dependency reinstalls.
 # phasespec itself is not installed there: the tests run on this checkout.
-COMPAT_VERSIONS ?= 0.27.1 0.30.0
+COMPAT_VERSIONS ?= 0.27.1 0.31.0
 COMPAT_ROOT ?= $(HOME)/.cache/phasespec/compat
 COMPAT_TESTS ?= tests/test_compat.py tests/test_depth_hook.py tests/test_phases.py tests/test_api.py \
 	tests/test_phase_server.py

@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from engine.compat import find_vllm
+
 PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -53,6 +55,12 @@ def test_chat_returns_reasoning_then_answer(client: openai.OpenAI, model_name: s
     assert response.usage is not None and response.usage.completion_tokens > 0
 
 
+@pytest.mark.xfail(
+    find_vllm().version.startswith("0.27."),
+    reason="vLLM 0.27.1 streams fewer logprob entries than usage counts; plain vLLM 0.27.1 does too "
+    "(README, vLLM versions); 0.31.0 and 0.32.0 agree",
+    strict=True,
+)
 def test_streamed_chat_has_both_parts_and_usage_matches_tokens(client: openai.OpenAI, model_name: str) -> None:
     stream = client.chat.completions.create(
         **_chat(model_name, stream=True, stream_options={"include_usage": True}, logprobs=True)

@@ -139,8 +139,10 @@ async def test_mixed_depths_share_one_batch(engine: PhasespecLLM) -> None:
         else:
             assert max_drafted(final) == depth, "copy prompts reach the full depth"
             step_ranges.append((min(steps), max(steps)))
-    # The requests really ran together: their verify steps overlap.
-    assert max(lo for lo, _ in step_ranges) < min(hi for _, hi in step_ranges)
+    # The requests really ran together: every verify range overlaps another's (the
+    # requests end at different lengths, so not all four need to overlap at once).
+    for i, (lo, hi) in enumerate(step_ranges):
+        assert any(lo <= other_hi and other_lo <= hi for j, (other_lo, other_hi) in enumerate(step_ranges) if j != i)
 
 
 def _prometheus(name: str) -> float:
