@@ -46,7 +46,7 @@ COMPAT_VERSIONS ?= 0.27.1 0.31.0
 COMPAT_ROOT ?= $(HOME)/.cache/phasespec/compat
 COMPAT_TESTS ?= tests/test_compat.py tests/test_depth_hook.py tests/test_phases.py tests/test_api.py \
 	tests/test_phase_server.py
-DEPS_KEY := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+DEPS_KEY := $(shell sha1sum < pyproject.toml | cut -c1-12)
 
 compat:
 	@for v in $(COMPAT_VERSIONS); do $(MAKE) --no-print-directory compat-one COMPAT_VERSION=$$v || exit 1; done

@@ -173,10 +173,10 @@ class PhasespecLLM(AsyncLLM):
 
     async def spec_stats(self, request_id: str) -> dict[str, Any] | None:
         """Per-phase counters of a running (or finished, unread) request."""
-        return next((r for r in await self._utility("phasespec_stats", request_id) if r), None)
+        return _on_rank(await self._utility("phasespec_stats", request_id))
 
     async def pop_spec_stats(self, request_id: str) -> dict[str, Any] | None:
-        return next((r for r in await self._utility("phasespec_pop_stats", request_id) if r), None)
+        return _on_rank(await self._utility("phasespec_pop_stats", request_id))
 
     async def spec_hook_state(self) -> dict[str, int]:
         """How many requests the hook holds state for, summed over engine ranks."""
@@ -203,6 +203,11 @@ class PhasespecLLM(AsyncLLM):
         # Under data parallelism a request lives on one rank; the call goes to
         # every rank and only the one holding the request applies it.
         return await call_utility_all(self.engine_core, method, *args)
+
+
+def _on_rank(ranks: list[Any]) -> dict[str, Any] | None:
+    """The one rank's answer that knows the request, tagged with that rank (data parallelism)."""
+    return next(({**r, "engine_rank": i} for i, r in enumerate(ranks) if r), None)
 
 
 def _merge(merged: RequestOutput | None, delta: RequestOutput) -> RequestOutput:

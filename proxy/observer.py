@@ -176,7 +176,7 @@ class RequestObserver:
             "policy": "adaptive" if self.adaptive else ("static" if self.depths is not None else "off"),
             "depth_timeline": [list(entry) for entry in self.timeline],
         }
-        for key in ("decisions", "decisions_total", "explored_steps", "emulation"):
+        for key in ("decisions", "decisions_total", "explored_steps", "emulation", "engine_rank"):
             if spec_stats and key in spec_stats:
                 report[key] = spec_stats[key]
         log.info("request_finished", **report)

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.compat import find_vllm
 from load.workload import copy_prompt
 
 K = 3
@@ -165,6 +166,8 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     assert max_drafted(report["phases"]["answer"]) <= 2, "the answer cap holds"
     state = httpx.get(f"{base_url}/phasespec/state").json()
     assert state["emulation"] is None
+    found = find_vllm()
+    assert state["vllm"] == {"distribution": found.distribution, "version": found.version, "tested": found.tested}
     assert {"reasoning", "answer"} <= set(state["controller"]["phases"])
     summaries = []
     for _ in range(30):  # the session server summarises every 2 s
