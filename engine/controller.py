@@ -44,7 +44,7 @@ class ControllerSettings:
     request_keep: float = 0.95
     phase_keep: float = 0.995
     hysteresis: float = 0.01
-    """Keep the batch's previous depths unless the new ones are expected to be this much faster."""
+    """Keep a request's previous depth unless the new one is worth this share more of its own tokens."""
     explore_depths: tuple[int, ...] = ()
     """Depths a random step draws from (empty: 0..cap). (1, K) with explore_share 1
     compares shadow and verified acceptance on like steps."""
@@ -126,6 +126,32 @@ def best_depths(candidates: Sequence[Candidate], cost: CostEstimate | None) -> t
             break  # the previous depths were optimal
         rate, best = new_rate, depths
     return best, rate
+
+
+def settle(
+    candidates: Sequence[Candidate],
+    chosen: Sequence[int],
+    previous: Sequence[int | None],
+    rate: float,
+    cost: CostEstimate | None,
+    margin: float,
+) -> list[int]:
+    """Hysteresis per request: keep a request's previous depth unless the chosen one
+    is worth ``margin`` more of its own expected tokens at the batch's price of a
+    draft (``rate * per_draft``, the Dinkelbach price at the optimum).
+
+    Per request, not per batch: one request's change moves a batch of 16 by well
+    under 1%, so a batch-level margin would freeze every depth once set."""
+    price = rate * (cost.per_draft_s if cost is not None else 0.0)
+    settled = []
+    for c, depth, last in zip(candidates, chosen, previous, strict=True):
+        if last is None or last == depth:
+            settled.append(depth)
+            continue
+        gains, drafts = _cumulative(c.accepted), _cumulative(c.proposed)
+        worth = (gains[depth] - price * drafts[depth]) - (gains[last] - price * drafts[last])
+        settled.append(depth if worth > margin * (1 + gains[depth]) else last)
+    return settled
 
 
 @dataclass(slots=True)
@@ -258,8 +284,7 @@ class DepthController:
             previous.append(last if last is not None and low <= last <= p.depth else None)
         cost = self.cost.estimate(len(batch))
         chosen, rate = best_depths(candidates, cost)
-        if None not in previous and rate < expected_rate(candidates, previous, cost) * (1 + s.hysteresis):  # type: ignore[arg-type]
-            chosen = previous  # type: ignore[assignment]
+        chosen = settle(candidates, chosen, previous, rate, cost, s.hysteresis)
         depths = {}
         for p, d in zip(batch, chosen, strict=True):
             if p.adaptive:

@@ -7,7 +7,15 @@ import random
 import pytest
 
 from engine.acceptance import Resolved
-from engine.controller import Candidate, ControllerSettings, DepthController, Planned, best_depths
+from engine.controller import (
+    Candidate,
+    ControllerSettings,
+    DepthController,
+    Planned,
+    best_depths,
+    expected_rate,
+    settle,
+)
 from engine.cost_model import CostEstimate, StepCostModel, bucket_of
 
 K = 3
@@ -184,3 +192,27 @@ def test_a_batch_size_without_its_own_cost_slope_explores_more() -> None:
         ctrl.cost.observe(4, z, 0.1 + 0.005 * z, float(z))
     warm = sum(ctrl.plan(batch).explore for _ in range(400)) / 400
     assert cold > 0.4 and warm < 0.2, (cold, warm)
+
+
+def test_one_request_of_a_large_batch_leaves_a_depth_that_stopped_paying() -> None:
+    """Hysteresis is per request: a batch-level margin would keep every depth of a 16-batch frozen."""
+    good = Candidate([0.9, 0.8, 0.7], [1.0, 1.0, 1.0], 0, 3)
+    gone_bad = Candidate([0.1, 0.01, 0.0], [1.0, 1.0, 1.0], 0, 3)
+    batch = [good] * 31 + [gone_bad]
+    est = ms(40, 0.2)
+    chosen, rate = best_depths(batch, est)
+    assert chosen == [3] * 31 + [0]
+    # The whole batch gains under 1% from it: a batch-level margin would keep depth 3.
+    assert rate < expected_rate(batch, [3] * 32, est) * 1.01
+    assert settle(batch, chosen, [3] * 32, rate, est, 0.01) == [3] * 31 + [0]
+
+
+def test_a_near_tie_keeps_the_previous_depth() -> None:
+    # Free drafts: depth 2 over 1 gains 0.3 tokens, 16% of the request's 1.9 at depth 2.
+    near = Candidate([0.6, 0.3, 0.0], [1.0, 1.0, 1.0], 0, 3)
+    est = ms(40, 0.0)
+    chosen, rate = best_depths([near], est)
+    assert chosen == [2]
+    assert settle([near], chosen, [1], rate, est, 0.5) == [1], "within the margin: no flapping"
+    assert settle([near], chosen, [1], rate, est, 0.01) == [2], "beyond it: move"
+    assert settle([near], chosen, [None], rate, est, 0.5) == [2], "no previous depth: the best one"
