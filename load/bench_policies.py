@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="adaptive cells per concurrency run (and discarded) before the first repetition, so that the "
         "comparison sees a controller that has learned this machine, as a long-running server's has",
     )
+    parser.add_argument(
+        "--controller",
+        default="{}",
+        help="JSON of controller settings for this run (engine/controller.py ControllerSettings), "
+        "e.g. '{\"request_prior_weight\": 64}'",
+    )
     parser.add_argument("--emulate-scale", type=float, default=1.0, help="multiplies the emulated step time")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
     return parser.parse_args(argv)
@@ -158,6 +164,8 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     emulation, state = None, {}
     async with open_engine(args, request_defaults(settings), hook_options(settings)) as engine:
         attach_observers(engine, args, settings, board)
+        if json.loads(cfg.controller):
+            await engine.configure_controller(**json.loads(cfg.controller))
         k = engine.max_spec_depth
         policies = parse_policies(cfg.policies, k)
         reasoning = engine.vllm_config.reasoning_config

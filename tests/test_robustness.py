@@ -109,7 +109,7 @@ def bad_requests(model: str) -> list[tuple[str, str, dict[str, Any], int, str]]:
 
     return [
         ("invalid json", chat, {"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "json"),
-        ("json array body", chat, {"json": [1, 2]}, 400, "input"),
+        ("json array body", chat, {"json": [1, 2]}, 400, "object"),
         ("missing messages", chat, without("messages"), 400, "messages"),
         ("messages is a string", chat, body(messages="hi"), 400, "messages"),
         ("empty messages", chat, body(messages=[]), 400, "message"),
