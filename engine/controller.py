@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.acceptance import PositionRates, Resolved
@@ -296,7 +296,12 @@ class DepthController:
         self.track(engine_id, phase)
         request = self.requests[engine_id]
         candidate = Candidate(request.rates.accepted(), request.rates.proposed(), 0, cap)
-        (depth,), _ = best_depths([candidate], self.cost.estimate(batch))
+        cost = self.cost.estimate(batch)
+        if cost is not None and batch > 1:
+            # Decided alone, the request bears only its share of the step's base:
+            # against the whole batch's base a draft would look `batch` times cheaper.
+            cost = replace(cost, base_s=cost.base_s / batch)
+        (depth,), _ = best_depths([candidate], cost)
         request.depth = depth
         return depth
 
