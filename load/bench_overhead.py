@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,22 @@ def servers(model_dir: Path) -> dict[str, tuple[list[str], bool]]:
     }
 
 
+def rotated_servers(
+    model_dir: Path, names: list[str], rounds: int, out: Path
+) -> Iterator[tuple[int, str, ServerProcess]]:
+    """Each round, each named server started in turn (order rotated by round), stopped after use."""
+    for round_ in range(rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            flags, is_vllm = servers(model_dir)[name]
+            server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
+            server.start()
+            try:
+                yield round_, name, server
+            finally:
+                server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     from config import Settings
@@ -59,47 +76,38 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["PHASESPEC_LOAD_THINKING_BUDGET"] = str(cfg.thinking_budget)
     users = [int(u) for u in cfg.users.split(",")]
     runs: list[dict[str, Any]] = []
-    names = list(servers(model_dir))
-    for round_ in range(cfg.rounds):
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            flags, is_vllm = servers(model_dir)[name]
-            server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
-            server.start()
-            try:
-                for n in users:
-                    summary = run_load(
-                        load_args(
-                            [
-                                "--host",
-                                server.base_url,
-                                "--users",
-                                str(n),
-                                "--seconds",
-                                str(cfg.seconds),
-                                "--max-tokens",
-                                str(cfg.max_tokens),
-                                "--out",
-                                str(out / f"{name}-u{n}-r{round_}"),
-                            ]
-                        )
-                    )
-                    metrics = summary["metrics"]
-                    runs.append(
-                        {
-                            "server": name,
-                            "users": n,
-                            "round": round_,
-                            "requests": summary["requests"],
-                            "failures": summary["failures"],
-                            "req_s": summary["requests_per_s"],
-                            "ttft_p50_ms": metrics.get("ttft", {}).get("p50_ms"),
-                            "gap_mean_ms": metrics.get("inter_token_gap_mean", {}).get("mean_ms"),
-                        }
-                    )
-                    print(f"[overhead] round {round_} {name:<14} users {n:<3} {runs[-1]}", flush=True)
-            finally:
-                server.stop()
+    for round_, name, server in rotated_servers(model_dir, list(servers(model_dir)), cfg.rounds, out):
+        for n in users:
+            summary = run_load(
+                load_args(
+                    [
+                        "--host",
+                        server.base_url,
+                        "--users",
+                        str(n),
+                        "--seconds",
+                        str(cfg.seconds),
+                        "--max-tokens",
+                        str(cfg.max_tokens),
+                        "--out",
+                        str(out / f"{name}-u{n}-r{round_}"),
+                    ]
+                )
+            )
+            metrics = summary["metrics"]
+            runs.append(
+                {
+                    "server": name,
+                    "users": n,
+                    "round": round_,
+                    "requests": summary["requests"],
+                    "failures": summary["failures"],
+                    "req_s": summary["requests_per_s"],
+                    "ttft_p50_ms": metrics.get("ttft", {}).get("p50_ms"),
+                    "gap_mean_ms": metrics.get("inter_token_gap_mean", {}).get("mean_ms"),
+                }
+            )
+            print(f"[overhead] round {round_} {name:<14} users {n:<3} {runs[-1]}", flush=True)
     report = ratios(runs)
     (out / "overhead.json").write_text(
         json.dumps({"runs": runs, "ratios": report, "config": vars(cfg)}, indent=2, default=str)

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load.bench_overhead import servers
-from load.server import ROOT, ServerProcess
+from load.bench_overhead import rotated_servers
+from load.server import ROOT
 
 COMPARED = ("vllm", "phasespec-off")
 
@@ -85,29 +85,21 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     concurrencies = [int(c) for c in cfg.concurrency.split(",")]
     runs: list[dict[str, Any]] = []
-    for round_ in range(cfg.rounds):
-        order = list(COMPARED[round_ % 2 :] + COMPARED[: round_ % 2])
-        for name in order:
-            flags, is_vllm = servers(model_dir)[name]
-            server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
-            server.start()
-            try:
-                for conc in concurrencies:
-                    result = bench_serve(server.base_url, model_dir, conc, cfg)
-                    runs.append(
-                        {
-                            "round": round_,
-                            "server": name,
-                            "concurrency": conc,
-                            "completed": result["completed"],
-                            "mean_tpot_ms": result["mean_tpot_ms"],
-                            "output_throughput": result["output_throughput"],
-                            "total_output_tokens": result["total_output_tokens"],
-                        }
-                    )
-                    print(f"[serve-overhead] {json.dumps(runs[-1])}", flush=True)
-            finally:
-                server.stop()
+    for round_, name, server in rotated_servers(model_dir, list(COMPARED), cfg.rounds, out):
+        for conc in concurrencies:
+            result = bench_serve(server.base_url, model_dir, conc, cfg)
+            runs.append(
+                {
+                    "round": round_,
+                    "server": name,
+                    "concurrency": conc,
+                    "completed": result["completed"],
+                    "mean_tpot_ms": result["mean_tpot_ms"],
+                    "output_throughput": result["output_throughput"],
+                    "total_output_tokens": result["total_output_tokens"],
+                }
+            )
+            print(f"[serve-overhead] {json.dumps(runs[-1])}", flush=True)
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
     for line in table(runs, concurrencies):
         print(line)

@@ -18,7 +18,7 @@ async def state(request: Request) -> dict[str, Any]:
     settings = request.app.state.settings
     controller = await engine.controller_state() if engine.max_spec_depth else None
     return {
-        "vllm": {**asdict(require_vllm()), "tested": require_vllm().tested},
+        "vllm": {**asdict(found := require_vllm()), "tested": found.tested},
         "policy": settings.phases.policy if settings.phases.switching else "off",
         "emulation": (controller or {}).get("emulation"),
         "controller": controller,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ import pytest
 
 from load.server import ServerProcess
 from load.workload import copy_prompt
+from tests.streams import all_streaming, start_streams
 
 GRACE_S = 12
 SHORT_TOKENS = 60
@@ -58,16 +58,8 @@ def test_sigterm_finishes_streams_within_grace_cuts_the_rest_and_exits_zero(
 ) -> None:
     plan = [SHORT_TOKENS] * 3 + [LONG_TOKENS]
     events: list[list[str]] = [[] for _ in plan]
-    threads = [
-        threading.Thread(target=stream, args=(draining.base_url, model_name, i, n, events[i]), daemon=True)
-        for i, n in enumerate(plan)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while not all(len(e) > 2 for e in events) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(len(e) > 2 for e in events), "every stream is producing tokens before SIGTERM"
+    threads = start_streams(stream, [(draining.base_url, model_name, i, n, events[i]) for i, n in enumerate(plan)])
+    assert all_streaming(events, 2), "every stream is producing tokens before SIGTERM"
     assert draining.proc is not None
     draining.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from load.server import ServerProcess
 from load.workload import copy_prompt
+from tests.streams import all_streaming, start_streams
 
 STREAMS = 3
 
@@ -57,16 +57,8 @@ def engine_core(server: ServerProcess) -> psutil.Process:
 def test_engine_death_ends_streams_fails_requests_and_exits_nonzero(doomed: ServerProcess, model_name: str) -> None:
     events: list[list[str]] = [[] for _ in range(STREAMS)]
     ended: dict[int, float] = {}
-    threads = [
-        threading.Thread(target=stream, args=(doomed.base_url, model_name, i, events[i], ended), daemon=True)
-        for i in range(STREAMS)
-    ]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while not all(len(e) > 3 for e in events) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert all(len(e) > 3 for e in events), "every stream is producing tokens"
+    threads = start_streams(stream, [(doomed.base_url, model_name, i, events[i], ended) for i in range(STREAMS)])
+    assert all_streaming(events, 3), "every stream is producing tokens"
     core = engine_core(doomed)
     core.kill()
     killed_at = time.monotonic()
