@@ -9,6 +9,7 @@ verified draft expensive, so the controller must learn it and stop drafting.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import pytest_asyncio
@@ -21,6 +22,7 @@ from load.workload import copy_prompt
 from tests.engine_fixture import engine_context, run
 
 SPEC = "0+60*tokens"
+NO_BUDGET = 10_000
 EMULATION = StepEmulation.parse(SPEC)
 
 
@@ -47,14 +49,18 @@ async def test_decode_steps_are_padded_to_the_profile_and_overruns_counted(engin
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_controller_learns_the_steep_cost_and_stops_drafting(engine: PhasespecLLM) -> None:
+    # No thinking budget in reach: near one an adaptive request holds its depth
+    # (engine/hook.py), and with the fixture's budget of 24 only the first 8
+    # tokens of each request were planned: too few random steps to learn from.
+    spec = SpecRequest(depth=3, adaptive=True, phase="reasoning")
     for i in range(3):  # warm-up: the cost slope and the phase acceptance
-        await run(engine, copy_prompt(i), f"emu-warm-{i}", SpecRequest(depth=3, adaptive=True, phase="reasoning"))
+        await run(engine, copy_prompt(i), f"emu-warm-{i}", replace(spec), thinking_budget=NO_BUDGET)
     cost = (await engine.controller_state())["cost"]["1"]
     assert 30 <= cost["per_draft_ms"] <= 90, cost  # padded: 60 ms per verified token
     await engine.controller_state(reset_window=True)
     for i in range(3, 6):
-        await run(engine, copy_prompt(i), f"emu-{i}", SpecRequest(depth=3, adaptive=True, phase="reasoning"))
+        await run(engine, copy_prompt(i), f"emu-{i}", replace(spec), thinking_budget=NO_BUDGET)
     window = (await engine.controller_state(reset_window=True))["phases"]
     steps = window["reasoning"]["steps_by_depth"]
-    # Random steps (10%) draw 0..3; every decided step should be depth 0.
+    # Random steps (5%) move a decided depth 0 to 0 or 1; every decided step should be depth 0.
     assert steps[0] >= 0.8 * sum(steps), window
