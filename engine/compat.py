@@ -237,3 +237,63 @@ async def call_utility_all(client: Any, method: str, *args: Any) -> list[Any]:
         return list(await fan_out(method, *args))
     engines = getattr(client, "core_engines", None) or [client.core_engine]
     return list(await asyncio.gather(*(client._call_utility_async(method, *args, engine=engine) for engine in engines)))
+
+
+# --- vLLM's declarative parsers (vllm.parser.engine, in 0.32.0; absent in 0.27.1 and 0.31.0) ---
+# A ParserEngine parser (deepseek_v4, qwen3, qwen3_coder, minimax_m2, ...) is one state
+# machine over the streamed text; its adapters carry the class as ``_parser_engine_cls``.
+# phasespec runs the same machine per response and reads its state: the phase is then
+# what vLLM's parser itself is in, multi-token markers and their variants included.
+
+_TOOL_STATE_NAMES = frozenset({"TOOL_PREAMBLE", "TOOL_NAME", "TOOL_ARGS", "MESSAGE_HEADER"})
+"""Inside a tool call. Not TOOL_BETWEEN (after a call closed): what vLLM emits
+there is content (Qwen3's newline between calls), or nothing (DeepSeek-V4)."""
+
+
+def parser_engine_config(parser_cls: type, tokenizer: Any) -> Any | None:
+    """The ``ParserEngineConfig`` behind a reasoning or tool parser class (None: a classic parser)."""
+    engine_cls = getattr(parser_cls, "_parser_engine_cls", None)
+    if engine_cls is None:
+        return None
+    try:
+        return getattr(engine_cls(tokenizer), "parser_engine_config", None)
+    except (TypeError, ValueError) as error:  # a parser engine built differently from 0.32's
+        log.warning("cannot read %s's parser engine configuration: %s", parser_cls.__name__, error)
+        return None
+
+
+class ParserMachine:
+    """vLLM's ``StreamingParserEngine`` for one response, read for its state.
+
+    ``tools=False`` is how vLLM's reasoning adapter runs it (tool markup inside
+    reasoning stays reasoning); ``reasoning=False`` how the tool adapter runs it
+    on content (and how a tool parser runs with no reasoning parser configured)."""
+
+    def __init__(
+        self, config: Any, tokenizer: Any, vocab: dict[str, int], *, reasoning: bool, tools: bool, markup: bool = True
+    ) -> None:
+        from vllm.parser.engine.parser_engine_config import ParserState
+        from vllm.parser.engine.streaming_parser_engine import StreamingParserEngine
+
+        initial = ParserState.REASONING if reasoning else ParserState.CONTENT
+        self._engine = StreamingParserEngine(config, tokenizer, initial_state=initial, vocab=vocab)
+        self._engine.skip_tool_parsing = not tools
+        # With no reasoning parser configured, vLLM sets this on the tool parser:
+        # reasoning markup is then plain content.
+        self._engine.skip_reasoning_parsing = not markup
+
+    def feed(self, text: str, token_ids: list[int]) -> None:
+        self._engine.feed(text, token_ids)
+
+    @property
+    def state(self) -> str:
+        """``reasoning``, ``tool_call`` or ``answer``."""
+        name: str = self._engine.state.name
+        if name == "REASONING":
+            return "reasoning"
+        return "tool_call" if name in _TOOL_STATE_NAMES else "answer"
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """vLLM's own count: the tokens of reasoning text (markers excluded)."""
+        return int(self._engine.reasoning_token_count)

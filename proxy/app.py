@@ -29,7 +29,7 @@ from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, a
 from proxy.drain import Drain, DrainMiddleware
 from proxy.observer import ObserverFactory, StatsBoard
 from proxy.overrides import PHASES as PHASE_NAMES
-from proxy.phases import markers_from_vllm
+from proxy.phase_plan import plan_from_vllm
 from proxy.policy import ADAPTIVE, PhaseDepths
 from proxy.state import router as state_router
 from proxy.summary import run_summaries
@@ -110,7 +110,7 @@ def attach_observers(engine: PhasespecLLM, args: argparse.Namespace, settings: S
     """Give every request of ``engine`` a phase observer (policy from settings)."""
     engine.observer_factory = ObserverFactory(
         model=args.served_model_name[0] if args.served_model_name else args.model,
-        markers=markers_from_vllm(engine.vllm_config, engine.get_tokenizer(), args.tool_call_parser),
+        phases=plan_from_vllm(engine.vllm_config, engine.get_tokenizer(), args.reasoning_parser, args.tool_call_parser),
         depths=phase_depths(settings),
         policies={name: phase_depths(settings, name) for name in ("static", "adaptive")},
         max_depth=engine.max_spec_depth,

@@ -20,7 +20,8 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from engine.llm import SpecRequest
 from proxy.metrics import phase_metrics
-from proxy.phases import Phase, PhaseMarkers, PhaseTracker
+from proxy.phase_plan import PhasePlan
+from proxy.phases import ParserTracker, Phase, PhaseTracker
 from proxy.policy import PhaseDepths, choose_depth
 
 log = structlog.get_logger("phasespec.request")
@@ -76,12 +77,13 @@ def phase_report(counters: dict[str, Any] | None) -> dict[str, Any]:
 class RequestObserver:
     request_id: str
     model: str
-    tracker: PhaseTracker
+    tracker: PhaseTracker | ParserTracker
     depths: PhaseDepths | None
     max_depth: int
     board: StatsBoard | None
     expect_usage: bool = False
     cumulative: bool = False
+    text_seen: int = 0
     started: float = field(default_factory=time.monotonic)
     depth: int = 0
     first_token_at: float | None = None
@@ -113,13 +115,15 @@ class RequestObserver:
         if completion.finish_reason is not None:
             self.finish_reason = completion.finish_reason
         ids = list(completion.token_ids)
+        text = completion.text or ""
         if self.cumulative:
             ids = ids[self.tracker.seen :]
+            text, self.text_seen = text[self.text_seen :], len(text)
         if not ids:
             return None
         now = time.monotonic()
         before = dict(self.tracker.tokens)
-        changes = self.tracker.feed(ids)
+        changes = self.tracker.feed(ids, text)
         if self.first_token_at is None:
             self.first_token_at = now
         elif self.last_at is not None:
@@ -194,7 +198,7 @@ class ObserverFactory:
     """Builds one observer per engine request, from settings and the request's overrides."""
 
     model: str
-    markers: PhaseMarkers
+    phases: PhasePlan
     depths: PhaseDepths | None
     max_depth: int
     board: StatsBoard
@@ -217,7 +221,7 @@ class ObserverFactory:
         return RequestObserver(
             request_id=request_id,
             model=self.model,
-            tracker=PhaseTracker(self.markers, self.markers.initial_phase(reasoning_ended)),
+            tracker=self.phases.tracker(reasoning_ended),
             depths=depths,
             max_depth=self.max_depth,
             board=self.board if xargs.get(XARG_STATS) else None,

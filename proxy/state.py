@@ -17,9 +17,11 @@ async def state(request: Request) -> dict[str, Any]:
     engine = request.app.state.engine
     settings = request.app.state.settings
     controller = await engine.controller_state() if engine.max_spec_depth else None
+    observers = engine.observer_factory
     return {
         "vllm": {**asdict(found := require_vllm()), "tested": found.tested},
         "policy": settings.phases.policy if settings.phases.switching else "off",
+        "phases": observers.phases.describe() if observers is not None else None,
         "emulation": (controller or {}).get("emulation"),
         "controller": controller,
         "engine": await engine.spec_hook_state(),
