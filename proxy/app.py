@@ -25,7 +25,7 @@ from engine.runtime import open_engine
 from proxy.admission import AdmissionMiddleware
 from proxy.auth import ApiKeyMiddleware
 from proxy.body import BodyMiddleware
-from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats
+from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats, fill_reasoning_tokens
 from proxy.drain import Drain, DrainMiddleware
 from proxy.observer import ObserverFactory, StatsBoard
 from proxy.overrides import PHASES as PHASE_NAMES
@@ -81,7 +81,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine_died = False
     app.state.drain = drain
     app.state.request_exit = lambda: None  # the HTTP server (proxy/cli.py) sets it
-    app.add_middleware(ChatRewriteMiddleware, edits=[alias_reasoning_content, attach_stats(board)])
+    app.add_middleware(
+        ChatRewriteMiddleware,
+        edits=[alias_reasoning_content, fill_reasoning_tokens(board), attach_stats(board)],
+        on_end=board.forget,
+    )
     app.add_middleware(BodyMiddleware, max_depth=lambda: max_depth)
     server = settings.server
     app.add_middleware(AdmissionMiddleware, max_inflight=server.max_inflight, max_body_bytes=server.max_body_bytes)

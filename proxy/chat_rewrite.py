@@ -50,26 +50,48 @@ def attach_stats(board: StatsBoard) -> PayloadEdit:
     return edit
 
 
+def fill_reasoning_tokens(board: StatsBoard) -> PayloadEdit:
+    """``usage.completion_tokens_details.reasoning_tokens`` from phasespec's count
+    where vLLM's is missing or zero (vLLM 0.32 counts 0 when the prompt, not the
+    output, opens ``<think>``, as the embedded model's template does)."""
+
+    def edit(payload: Payload) -> None:
+        usage, request_id = payload.get("usage"), payload.get("id")
+        if not isinstance(usage, dict) or not isinstance(request_id, str):
+            return
+        tokens = board.take_reasoning(request_id)
+        details = usage.get("completion_tokens_details")
+        if not tokens or (isinstance(details, dict) and details.get("reasoning_tokens")):
+            return
+        usage["completion_tokens_details"] = {**(details if isinstance(details, dict) else {}), "reasoning_tokens": tokens}
+
+    return edit
+
+
 def _dump(payload: Payload) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def edit_sse_event(event: bytes, edits: list[PayloadEdit]) -> bytes:
+def edit_sse_event(event: bytes, edits: list[PayloadEdit], ids: set[str] | None = None) -> bytes:
     """Edit one ``data: {...}`` event; anything else passes through as is."""
     if not event.startswith(b"data: {"):
         return event
     payload = json.loads(event[6:])
     for edit in edits:
         edit(payload)
+    if ids is not None and isinstance(payload.get("id"), str):
+        ids.add(payload["id"])
     return b"data: " + _dump(payload)
 
 
 class ChatRewriteMiddleware:
     """Apply payload edits to successful chat-completion responses."""
 
-    def __init__(self, app: ASGIApp, edits: list[PayloadEdit]) -> None:
+    def __init__(self, app: ASGIApp, edits: list[PayloadEdit], on_end: Callable[[str], None] | None = None) -> None:
         self.app = app
         self.edits = edits
+        self.on_end = on_end
+        """Called with each response id once its response has ended (to free what it left)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in PATHS or not self.edits:
@@ -78,6 +100,7 @@ class ChatRewriteMiddleware:
         mode: str | None = None  # "sse", "json" or None (pass through)
         start: Message = {}
         pending = b""
+        ids: set[str] = set()
 
         async def rewrite(message: Message) -> None:
             nonlocal mode, start, pending
@@ -98,7 +121,10 @@ class ChatRewriteMiddleware:
             if mode == "json":
                 if more:
                     return
-                body = _dump(self._edited(json.loads(pending))) if pending else pending
+                payload = json.loads(pending) if pending else None
+                if isinstance(payload, dict) and isinstance(payload.get("id"), str):
+                    ids.add(payload["id"])
+                body = _dump(self._edited(payload)) if payload is not None else pending
                 headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
                 headers.append((b"content-length", str(len(body)).encode()))
                 await send({**start, "headers": headers})
@@ -108,10 +134,15 @@ class ChatRewriteMiddleware:
             if not more and pending:
                 events.append(pending)
                 pending = b""
-            out = b"".join(edit_sse_event(e, self.edits) + b"\n\n" for e in events)
+            out = b"".join(edit_sse_event(e, self.edits, ids) + b"\n\n" for e in events)
             await send({"type": "http.response.body", "body": out, "more_body": more})
 
-        await self.app(scope, receive, rewrite)
+        try:
+            await self.app(scope, receive, rewrite)
+        finally:
+            if self.on_end is not None:
+                for request_id in ids:
+                    self.on_end(request_id)
 
     def _edited(self, payload: Payload) -> Payload:
         for edit in self.edits:

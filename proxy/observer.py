@@ -34,11 +34,26 @@ XARG_POLICY = "phasespec_policy"
 
 
 class StatsBoard:
-    """Reports that clients asked for, waiting for the response middleware."""
+    """What the response middleware adds to a finished request's payloads: the
+    reports clients asked for, and every request's reasoning token count (for
+    ``usage.completion_tokens_details.reasoning_tokens`` where vLLM has none)."""
 
     def __init__(self, cap: int = 1024) -> None:
         self.cap = cap
         self._reports: OrderedDict[str, tuple[dict[str, Any], bool]] = OrderedDict()
+        self._reasoning: OrderedDict[str, int] = OrderedDict()
+
+    def note_reasoning(self, request_id: str, tokens: int) -> None:
+        self._reasoning[request_id] = tokens
+        while len(self._reasoning) > self.cap:
+            self._reasoning.popitem(last=False)
+
+    def take_reasoning(self, request_id: str) -> int | None:
+        return self._reasoning.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        """The response ended: drop whatever was not delivered (a stream without usage)."""
+        self._reasoning.pop(request_id, None)
 
     def put(self, request_id: str, report: dict[str, Any], expect_usage: bool) -> None:
         self._reports[request_id] = (report, expect_usage)
@@ -54,7 +69,7 @@ class StatsBoard:
         return entry[0]
 
     def __len__(self) -> int:
-        return len(self._reports)
+        return len(self._reports) + len(self._reasoning)
 
 
 def phase_report(counters: dict[str, Any] | None) -> dict[str, Any]:
@@ -81,6 +96,10 @@ class RequestObserver:
     depths: PhaseDepths | None
     max_depth: int
     board: StatsBoard | None
+    usage: StatsBoard | None = None
+    """Where the reasoning count goes for the response's usage block."""
+    single: bool = True
+    """One completion (n == 1): the tracked count is the response's."""
     expect_usage: bool = False
     cumulative: bool = False
     text_seen: int = 0
@@ -177,6 +196,7 @@ class RequestObserver:
             "ttft_s": _since(self.started, self.first_token_at),
             "time_to_first_answer_s": _since(self.started, self.first_answer_at),
             "phases": phases,
+            "reasoning_tokens": self.tracker.reasoning_tokens,
             "policy": "adaptive" if self.adaptive else ("static" if self.depths is not None else "off"),
             "depth_timeline": [list(entry) for entry in self.timeline],
         }
@@ -186,6 +206,8 @@ class RequestObserver:
         log.info("request_finished", **report)
         if self.board is not None and not aborted:
             self.board.put(self.request_id, report, self.expect_usage)
+        if self.usage is not None and not aborted and self.single:
+            self.usage.note_reasoning(self.request_id, self.tracker.reasoning_tokens)
         return report
 
 
@@ -225,6 +247,8 @@ class ObserverFactory:
             depths=depths,
             max_depth=self.max_depth,
             board=self.board if xargs.get(XARG_STATS) else None,
+            usage=self.board,
+            single=params.n == 1,
             expect_usage=bool(xargs.get(XARG_EXPECT_USAGE)),
             cumulative=params.output_kind == RequestOutputKind.CUMULATIVE,
         )

@@ -148,3 +148,36 @@ def test_metrics_show_vllm_spec_decode_counters(base_url: str, client: openai.Op
         if line.startswith("vllm:spec_decode_num_draft_tokens_total{")
     ]
     assert drafted and sum(drafted) > 0
+
+
+def _reasoning_ids(embedded_tokenizer: Any, token_ids: list[int]) -> list[int]:
+    end = embedded_tokenizer.convert_tokens_to_ids("</think>")
+    assert end in token_ids
+    return token_ids[: token_ids.index(end)]
+
+
+def test_usage_counts_the_reasoning_tokens_vllm_returns(
+    client: openai.OpenAI, model_name: str, embedded_tokenizer: Any
+) -> None:
+    """vLLM 0.32 reports reasoning_tokens 0 here (the prompt, not the output,
+    opens <think>); phasespec's count is the tokens of the reasoning text."""
+    response = client.chat.completions.create(**_chat(model_name), extra_body={"return_token_ids": True})
+    choice = response.choices[0].model_dump()
+    reasoning = _reasoning_ids(embedded_tokenizer, choice["token_ids"])
+    assert embedded_tokenizer.decode(reasoning, skip_special_tokens=True).strip() == choice["message"]["reasoning"].strip()
+    assert response.usage is not None and response.usage.completion_tokens_details is not None
+    assert response.usage.completion_tokens_details.reasoning_tokens == len(reasoning) > 0
+
+    stream = client.chat.completions.create(
+        **_chat(model_name), stream=True, stream_options={"include_usage": True}, extra_body={"return_token_ids": True}
+    )
+    text, ids, usage = "", [], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for streamed in chunk.choices:
+            text += getattr(streamed.delta, "reasoning", None) or ""
+            ids += streamed.model_dump().get("token_ids") or []
+    assert usage is not None and usage.completion_tokens_details is not None
+    streamed_reasoning = _reasoning_ids(embedded_tokenizer, ids)
+    assert embedded_tokenizer.decode(streamed_reasoning, skip_special_tokens=True).strip() == text.strip()
+    assert usage.completion_tokens_details.reasoning_tokens == len(streamed_reasoning) == len(reasoning)

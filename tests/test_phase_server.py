@@ -183,3 +183,12 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     metrics = httpx.get(f"{base_url}/metrics").text
     assert 'phasespec_acceptance_by_position{phase="reasoning",position="1"}' in metrics
     assert "phasespec_depth_steps_total{" in metrics
+
+
+def test_state_names_how_each_phase_is_tracked(base_url: str) -> None:
+    phases = httpx.get(f"{base_url}/phasespec/state", timeout=30).json()["phases"]
+    assert phases["reasoning"] == {
+        "parser": "deepseek_r1", "tracked_by": "token ids", "markers": ["<think>", "</think>"], "ids": [[3], [4]]
+    }
+    assert phases["tool_call"]["parser"] == "hermes" and phases["tool_call"]["markers"] == ["<tool_call>", "</tool_call>"]
+    assert phases["warnings"] == []
