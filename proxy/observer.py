@@ -206,7 +206,9 @@ class RequestObserver:
         log.info("request_finished", **report)
         if self.board is not None and not aborted:
             self.board.put(self.request_id, report, self.expect_usage)
-        if self.usage is not None and not aborted and self.single:
+        # Only chat completions report reasoning in usage; their engine request id
+        # is the response id (completions add a per-prompt suffix).
+        if self.usage is not None and not aborted and self.single and self.request_id.startswith("chatcmpl-"):
             self.usage.note_reasoning(self.request_id, self.tracker.reasoning_tokens)
         return report
 
