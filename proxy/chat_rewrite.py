@@ -63,7 +63,10 @@ def fill_reasoning_tokens(board: StatsBoard) -> PayloadEdit:
         details = usage.get("completion_tokens_details")
         if not tokens or (isinstance(details, dict) and details.get("reasoning_tokens")):
             return
-        usage["completion_tokens_details"] = {**(details if isinstance(details, dict) else {}), "reasoning_tokens": tokens}
+        usage["completion_tokens_details"] = {
+            **(details if isinstance(details, dict) else {}),
+            "reasoning_tokens": tokens,
+        }
 
     return edit
 

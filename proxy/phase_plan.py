@@ -141,8 +141,12 @@ def _tool_side(plan: PhasePlan, tokenizer: Any, name: str | None) -> dict[str, A
     config = parser_engine_config(parser_cls, tokenizer)
     if config is not None:
         plan.tool_config = config
-        return {"parser": name, "tracked_by": "vllm parser engine", "markers": _spellings(config, "TOOL_START", "TOOL_END")}
-    parser = parser_cls(tokenizer)  # type: ignore[call-arg]
+        return {
+            "parser": name,
+            "tracked_by": "vllm parser engine",
+            "markers": _spellings(config, "TOOL_START", "TOOL_END"),
+        }
+    parser = parser_cls(tokenizer)
     start = _encode_first(tokenizer, parser, _TOOL_START_ATTRS)
     end = _encode_first(tokenizer, parser, _TOOL_END_ATTRS) if start else ()
     m = plan.markers

@@ -214,7 +214,9 @@ class ParserTracker:
         # Reasoning ended at the marker: the content stage gets what follows it,
         # as DelegatingParser hands the rest of the delta to the tool parser.
         self._count(Phase.REASONING, len(head[0]))
-        self._first_block = self.tokens[Phase.REASONING] - (len(self.end_ids) if head[0][-1:] == list(self.end_ids) else 0)
+        self._first_block = self.tokens[Phase.REASONING] - (
+            len(self.end_ids) if head[0][-1:] == list(self.end_ids) else 0
+        )
         self._enter(Phase.ANSWER, changes)
         return rest
 

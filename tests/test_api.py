@@ -164,14 +164,16 @@ def test_usage_counts_the_reasoning_tokens_vllm_returns(
     response = client.chat.completions.create(**_chat(model_name), extra_body={"return_token_ids": True})
     choice = response.choices[0].model_dump()
     reasoning = _reasoning_ids(embedded_tokenizer, choice["token_ids"])
-    assert embedded_tokenizer.decode(reasoning, skip_special_tokens=True).strip() == choice["message"]["reasoning"].strip()
+    assert (
+        embedded_tokenizer.decode(reasoning, skip_special_tokens=True).strip() == choice["message"]["reasoning"].strip()
+    )
     assert response.usage is not None and response.usage.completion_tokens_details is not None
     assert response.usage.completion_tokens_details.reasoning_tokens == len(reasoning) > 0
 
     stream = client.chat.completions.create(
         **_chat(model_name), stream=True, stream_options={"include_usage": True}, extra_body={"return_token_ids": True}
     )
-    text, ids, usage = "", [], None
+    text, ids, usage = "", list[int](), None
     for chunk in stream:
         usage = chunk.usage or usage
         for streamed in chunk.choices:

@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001  (the fullwidth bars in DeepSeek markers are the real tokens)
 """phasespec's phases agree with vLLM's own streaming parser, for every supported family.
 
 The harness (tests/phase_agreement.py) runs vLLM's composed parser as the

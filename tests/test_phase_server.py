@@ -188,7 +188,13 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
 def test_state_names_how_each_phase_is_tracked(base_url: str) -> None:
     phases = httpx.get(f"{base_url}/phasespec/state", timeout=30).json()["phases"]
     assert phases["reasoning"] == {
-        "parser": "deepseek_r1", "tracked_by": "token ids", "markers": ["<think>", "</think>"], "ids": [[3], [4]]
+        "parser": "deepseek_r1",
+        "tracked_by": "token ids",
+        "markers": ["<think>", "</think>"],
+        "ids": [[3], [4]],
     }
-    assert phases["tool_call"]["parser"] == "hermes" and phases["tool_call"]["markers"] == ["<tool_call>", "</tool_call>"]
+    assert phases["tool_call"]["parser"] == "hermes" and phases["tool_call"]["markers"] == [
+        "<tool_call>",
+        "</tool_call>",
+    ]
     assert phases["warnings"] == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from proxy.phases import Phase, PhaseMarkers, PhaseTracker
@@ -67,14 +69,14 @@ def test_no_reasoning_parser_means_answer_only() -> None:
     assert markers.initial_phase(reasoning_ended=False) is Phase.ANSWER
 
 
-def test_embedded_tokenizer_stream_is_tracked(embedded_tokenizer: object) -> None:
+def test_embedded_tokenizer_stream_is_tracked(embedded_tokenizer: Any) -> None:
     tok = embedded_tokenizer
     ids = tok.encode(
         "let me think about it\nOkay, I am done thinking.\n</think>\n\nThe answer.", add_special_tokens=False
-    )  # type: ignore[attr-defined]
+    )
     markers = PhaseMarkers(
-        reasoning_start=tuple(tok.encode("<think>", add_special_tokens=False)),  # type: ignore[attr-defined]
-        reasoning_end=tuple(tok.encode("</think>", add_special_tokens=False)),  # type: ignore[attr-defined]
+        reasoning_start=tuple(tok.encode("<think>", add_special_tokens=False)),
+        reasoning_end=tuple(tok.encode("</think>", add_special_tokens=False)),
     )
     assert len(markers.reasoning_end) == 1, "</think> is a single token in the embedded model"
     tracker = PhaseTracker(markers, Phase.REASONING)
