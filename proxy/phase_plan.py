@@ -70,8 +70,12 @@ class PhasePlan:
             content = PhaseTracker(
                 PhaseMarkers(tool_start=self.markers.tool_start, tool_end=self.markers.tool_end), Phase.ANSWER
             )
-        end_text = _literal(self.reasoning_config, "THINK_END") or ""
+        end_text = _literal(self.reasoning_config, "THINK_END") or self._end_text()
         return ParserTracker(phase, reasoning, content, end_ids=self.markers.reasoning_end, end_text=end_text)
+
+    def _end_text(self) -> str:
+        end = self.markers.reasoning_end
+        return str(self.tokenizer.decode(list(end))) if end and self.tokenizer is not None else ""
 
     def describe(self) -> dict[str, Any]:
         return {**self.description, "warnings": list(self.warnings)}

@@ -198,7 +198,8 @@ class ParserTracker:
                     self._count(Phase.REASONING, i + 1)
                     self._first_block = stage.reasoning_tokens
                     self._enter(Phase.ANSWER, changes)
-                    return ids[i + 1 :], text  # the text is not cut: no end string known
+                    after = text.split(self.end_text, 1)[1] if self.end_text and self.end_text in text else text
+                    return ids[i + 1 :], after
             self._count(Phase.REASONING, len(ids))
             self._first_block = stage.reasoning_tokens
             return [], ""
