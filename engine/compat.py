@@ -239,7 +239,8 @@ async def call_utility_all(client: Any, method: str, *args: Any) -> list[Any]:
     return list(await asyncio.gather(*(client._call_utility_async(method, *args, engine=engine) for engine in engines)))
 
 
-# --- vLLM's declarative parsers (vllm.parser.engine, in 0.32.0; absent in 0.27.1 and 0.31.0) ---
+# --- vLLM's declarative parsers (vllm.parser.engine; present in 0.27.1, 0.31.0 and 0.32.0;
+# a parser class without ``_parser_engine_cls`` is tracked by its token markers instead) ---
 # A ParserEngine parser (deepseek_v4, qwen3, qwen3_coder, minimax_m2, ...) is one state
 # machine over the streamed text; its adapters carry the class as ``_parser_engine_cls``.
 # phasespec runs the same machine per response and reads its state: the phase is then
@@ -265,9 +266,10 @@ def parser_engine_config(parser_cls: type, tokenizer: Any) -> Any | None:
 class ParserMachine:
     """vLLM's ``StreamingParserEngine`` for one response, read for its state.
 
-    ``tools=False`` is how vLLM's reasoning adapter runs it (tool markup inside
-    reasoning stays reasoning); ``reasoning=False`` how the tool adapter runs it
-    on content (and how a tool parser runs with no reasoning parser configured)."""
+    ``reasoning`` picks the initial state (the reasoning stage starts in it, the
+    tool stage on content); ``tools=False`` is how vLLM's reasoning adapter runs
+    it (tool markup inside reasoning stays reasoning); ``markup=False`` is how a
+    tool parser runs with no reasoning parser configured."""
 
     def __init__(
         self, config: Any, tokenizer: Any, vocab: dict[str, int], *, reasoning: bool, tools: bool, markup: bool = True

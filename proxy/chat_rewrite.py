@@ -82,9 +82,14 @@ def edit_sse_event(event: bytes, edits: list[PayloadEdit], ids: set[str] | None 
     payload = json.loads(event[6:])
     for edit in edits:
         edit(payload)
-    if ids is not None and isinstance(payload.get("id"), str):
-        ids.add(payload["id"])
+    if ids is not None:
+        _note_id(payload, ids)
     return b"data: " + _dump(payload)
+
+
+def _note_id(payload: Any, ids: set[str]) -> None:
+    if isinstance(payload, dict) and isinstance(payload.get("id"), str):
+        ids.add(payload["id"])
 
 
 class ChatRewriteMiddleware:
@@ -125,8 +130,7 @@ class ChatRewriteMiddleware:
                 if more:
                     return
                 payload = json.loads(pending) if pending else None
-                if isinstance(payload, dict) and isinstance(payload.get("id"), str):
-                    ids.add(payload["id"])
+                _note_id(payload, ids)
                 body = _dump(self._edited(payload)) if payload is not None else pending
                 headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
                 headers.append((b"content-length", str(len(body)).encode()))

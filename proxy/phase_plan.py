@@ -38,8 +38,8 @@ class PhasePlan:
     reasoning_config: Any = None
     """vLLM's ParserEngineConfig for the reasoning side, if it is a parser engine."""
     tool_config: Any = None
-    reasoning_parser: str | None = None
-    tool_parser: str | None = None
+    end_text: str = ""
+    """The reasoning end marker as text (where a delta is cut when reasoning ends in it)."""
     description: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     _vocab: dict[str, int] | None = None
@@ -70,12 +70,7 @@ class PhasePlan:
             content = PhaseTracker(
                 PhaseMarkers(tool_start=self.markers.tool_start, tool_end=self.markers.tool_end), Phase.ANSWER
             )
-        end_text = _literal(self.reasoning_config, "THINK_END") or self._end_text()
-        return ParserTracker(phase, reasoning, content, end_ids=self.markers.reasoning_end, end_text=end_text)
-
-    def _end_text(self) -> str:
-        end = self.markers.reasoning_end
-        return str(self.tokenizer.decode(list(end))) if end and self.tokenizer is not None else ""
+        return ParserTracker(phase, reasoning, content, end_ids=self.markers.reasoning_end, end_text=self.end_text)
 
     def describe(self) -> dict[str, Any]:
         return {**self.description, "warnings": list(self.warnings)}
@@ -97,9 +92,11 @@ def plan_from_vllm(
     vllm_config: Any, tokenizer: Any, reasoning_parser: str | None, tool_parser: str | None
 ) -> PhasePlan:
     """The plan for this server's parsers (vLLM's own parser classes and ReasoningConfig)."""
-    plan = PhasePlan(PhaseMarkers(), tokenizer, reasoning_parser=reasoning_parser, tool_parser=tool_parser)
+    plan = PhasePlan(PhaseMarkers(), tokenizer)
     reasoning_side = _reasoning_side(plan, vllm_config, tokenizer, reasoning_parser)
     tool_side = _tool_side(plan, tokenizer, tool_parser)
+    end = plan.markers.reasoning_end
+    plan.end_text = _literal(plan.reasoning_config, "THINK_END") or (tokenizer.decode(list(end)) if end else "")
     plan.description = {"reasoning": reasoning_side, "tool_call": tool_side}
     for warning in plan.warnings:
         log.warning(warning)
