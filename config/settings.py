@@ -98,7 +98,7 @@ class AdaptiveSettings(BaseModel):
     """Share of steps whose depths move at random by up to one: what the step-cost slope is learned from."""
     shadow_share: float = Field(default=0.25, ge=0.0, le=1.0)
     """Share of steps after which the drafter proposes all K drafts (shadow drafts)."""
-    warmup_steps: int = Field(default=24, ge=0)
+    warmup_steps: int = Field(default=40, ge=0)
     """First adaptive steps spent exploring."""
     seed: int | None = None
     summary_interval_s: float = Field(default=10.0, gt=0)

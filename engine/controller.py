@@ -32,13 +32,19 @@ from engine.cost_model import CostEstimate, StepCostModel
 class ControllerSettings:
     explore_share: float = 0.05
     """Steps on which adaptive requests move their depth at random by up to one
-    (what the cost slope is learned from)."""
+    (what the cost slope is learned from), while the slope is uncertain."""
+    settled_explore_share: float = 0.01
+    """The share once the slope is known to within ``price_precision``."""
+    price_precision: float = 0.05
+    """The slope is known well enough when its standard error is worth less than
+    this many tokens per draft at the batch's plain rate (batch / base): an error
+    that small cannot move a decision by more than a 5% acceptance difference."""
     shadow_share: float = 0.25
     """Steps after which the drafter proposes all K drafts even when no request verifies them."""
     cold_explore_share: float = 0.5
     """Share of random steps while the batch size's cost slope is not learned yet."""
-    warmup_steps: int = 24
-    """Adaptive decode steps explored first, before the cost model has random steps."""
+    warmup_steps: int = 40
+    """Random steps taken first (drawn from 0..cap), before the cost model has any."""
     request_prior_weight: float = 8.0
     """A request starts from its phase's estimate, worth this many of its own steps."""
     request_keep: float = 0.95
@@ -161,6 +167,9 @@ class Planned:
     depth: int
     """Fixed depth, or the cap of an adaptive request."""
     adaptive: bool
+    proposed: int | None = None
+    """Drafts the drafter proposed for this step, when known before scheduling
+    (sync scheduling); None: unknown."""
 
 
 @dataclass(slots=True)
@@ -258,20 +267,23 @@ class DepthController:
             return StepPlan({}, False, None, False)
         s = self.settings
         self.planned_steps += 1
-        explore = self._explore_next or self.planned_steps <= s.warmup_steps
-        # A batch size whose cost slope is not learned yet explores more, so
-        # that every size gets its own slope quickly (a borrowed one can be wrong).
-        share = s.explore_share if self.cost.learned(len(batch)) else max(s.explore_share, s.cold_explore_share)
-        self._explore_next = self.rng.random() < share
+        warm = self.explored_steps >= s.warmup_steps
+        explore = self._explore_next or not warm
+        # A random step only teaches the slope through requests with drafts to
+        # verify: when the drafter proposed none (known under sync scheduling),
+        # the random step waits for the next step that has some.
+        informative = any(p.proposed is None or p.proposed > 0 for p in adaptive)
+        self._explore_next = explore and not informative
+        if not self._explore_next:
+            self._explore_next = self.rng.random() < self._explore_share(len(batch))
         full_draft = self._explore_next or self.rng.random() < s.shadow_share
-        if explore:
+        if explore and informative:
             self.explored_steps += 1
-            warm = self.planned_steps > s.warmup_steps
             depths, instrument = {}, 0.0
             for p in adaptive:
                 request = self.requests.get(p.engine_id)
                 decided = request.depth if warm and request is not None else None
-                depths[p.engine_id], centred = self._random_depth(p.depth, decided)
+                depths[p.engine_id], centred = self._random_depth(p.depth, decided, p.proposed)
                 instrument += centred
             return StepPlan(depths, True, instrument, full_draft)
         candidates, previous = [], []
@@ -305,20 +317,42 @@ class DepthController:
         request.depth = depth
         return depth
 
-    def _random_depth(self, cap: int, decided: int | None) -> tuple[int, float]:
-        """A random depth, and its deviation from the mean of what it was drawn from.
+    def _explore_share(self, batch: int) -> float:
+        """How often to take a random step at this batch size.
+
+        No slope of its own yet: often (a borrowed slope can be wrong). A slope
+        whose standard error is still worth more than ``price_precision`` tokens
+        per draft: ``explore_share``. Known that well: ``settled_explore_share``
+        (every random step verifies drafts that may not pay: on the user's
+        machine a draft is a whole expert read)."""
+        s = self.settings
+        cost = self.cost.estimate(batch)
+        if cost is None or not self.cost.learned(batch):
+            return max(s.explore_share, s.cold_explore_share)
+        if cost.per_draft_se_s * batch / cost.base_s > s.price_precision:
+            return s.explore_share
+        return min(s.settled_explore_share, s.explore_share)
+
+    def _random_depth(self, cap: int, decided: int | None, proposed: int | None) -> tuple[int, float]:
+        """A random depth, and the deviation of the drafts it verifies from their mean over the draw.
 
         Once a request has a decided depth, a random step moves it by at most
         one (cheap: on the user's machine a draft costs a whole expert read);
         before, it draws from 0..cap. The instrument is the centred draw: its
         mean is 0 whatever the decided depth, so it is uncorrelated with
-        anything the decision depends on (phase, context, acceptance)."""
+        anything the decision depends on (phase, context, acceptance). When the
+        proposal is known, it is the centred number of drafts the depth lets
+        through (min(depth, proposed)): a request without drafts adds nothing
+        but noise to the draw, and one with fewer drafts than the depth only
+        what it has."""
         allowed = [d for d in self.settings.explore_depths if d <= cap]
         if not allowed:
             low, high = (0, cap) if decided is None else (max(decided - 1, 0), min(decided + 1, cap))
             allowed = list(range(low, high + 1))
         depth = self.rng.choice(allowed)
-        return depth, depth - sum(allowed) / len(allowed)
+        if proposed is None:
+            return depth, depth - sum(allowed) / len(allowed)
+        return depth, min(depth, proposed) - sum(min(d, proposed) for d in allowed) / len(allowed)
 
     def step_done(self, batch: int, drafts: int, seconds: float, plan: StepPlan | None) -> None:
         """A decode step finished: feed its time to the cost model."""

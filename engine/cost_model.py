@@ -18,12 +18,16 @@ else in the step. The base is the
 mean of ``time - slope * drafts`` over all steps. Everything is exponentially
 weighted, so the model follows load and forgets old steps.
 
+The slope comes with its standard error (the usual IV error from the same
+moments), which the controller uses to decide how much to keep exploring.
+
 Batch sizes are bucketed by powers of two (1, 2, 3-4, 5-8, ...); a bucket
 without enough random steps borrows the slope of the nearest bucket that has.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -35,6 +39,8 @@ class CostEstimate:
     """Marginal time of one more verified draft token (>= 0)."""
     samples: float
     """Weight of the random steps behind the slope (0: no slope learned yet)."""
+    per_draft_se_s: float = math.inf
+    """Standard error of ``per_draft_s`` (inf: no slope of this bucket's own)."""
 
 
 def bucket_of(batch: int) -> int:
@@ -44,7 +50,7 @@ def bucket_of(batch: int) -> int:
 
 @dataclass(slots=True)
 class _Moments:
-    """Exponentially weighted sums of w, t, d, z, t*z, d*z."""
+    """Exponentially weighted sums of 1 and of the products of t, d, z."""
 
     w: float = 0.0
     t: float = 0.0
@@ -52,6 +58,10 @@ class _Moments:
     z: float = 0.0
     tz: float = 0.0
     dz: float = 0.0
+    zz: float = 0.0
+    tt: float = 0.0
+    td: float = 0.0
+    dd: float = 0.0
 
     def add(self, keep: float, t: float, d: float, z: float) -> None:
         self.w = self.w * keep + 1.0
@@ -60,16 +70,28 @@ class _Moments:
         self.z = self.z * keep + z
         self.tz = self.tz * keep + t * z
         self.dz = self.dz * keep + d * z
+        self.zz = self.zz * keep + z * z
+        self.tt = self.tt * keep + t * t
+        self.td = self.td * keep + t * d
+        self.dd = self.dd * keep + d * d
 
-    def slope(self, min_cov: float) -> float | None:
-        """Wald estimate cov(t, z) / cov(d, z), or None when z barely moved d."""
-        if self.w <= 0:
+    def slope(self, min_cov: float) -> tuple[float, float] | None:
+        """Wald estimate cov(t, z) / cov(d, z) and its standard error, or None when z barely moved d.
+
+        The error is the IV one: sqrt(var(u) var(z) / (n cov(d, z)^2)), u the
+        residual t - b d, n the (decayed) number of random steps."""
+        if self.w <= 1:
             return None
-        mt, md, mz = self.t / self.w, self.d / self.w, self.z / self.w
-        cov_dz = self.dz / self.w - md * mz
+        w = self.w
+        mt, md, mz = self.t / w, self.d / w, self.z / w
+        cov_dz = self.dz / w - md * mz
         if cov_dz < min_cov:
             return None
-        return (self.tz / self.w - mt * mz) / cov_dz
+        slope = (self.tz / w - mt * mz) / cov_dz
+        var_t, var_d, cov_td = self.tt / w - mt * mt, self.dd / w - md * md, self.td / w - mt * md
+        var_u = max(var_t - 2 * slope * cov_td + slope * slope * var_d, 0.0)
+        var_z = max(self.zz / w - mz * mz, 0.0)
+        return slope, math.sqrt(var_u * var_z / (w * cov_dz * cov_dz))
 
 
 @dataclass(slots=True)
@@ -96,12 +118,13 @@ class StepCostModel:
         if instrument is not None:
             bucket.random_steps.add(self.keep_random, seconds, drafts, instrument)
 
-    def _slope(self, index: int) -> tuple[float, float] | None:
+    def _slope(self, index: int) -> tuple[float, float, float] | None:
+        """(slope, its standard error, random-step weight) of a bucket with enough random steps."""
         bucket = self.buckets.get(index)
         if bucket is None or bucket.random_steps.w < self.min_random:
             return None
-        slope = bucket.random_steps.slope(self.min_cov)
-        return None if slope is None else (max(slope, 0.0), bucket.random_steps.w)
+        found = bucket.random_steps.slope(self.min_cov)
+        return None if found is None else (max(found[0], 0.0), found[1], bucket.random_steps.w)
 
     def learned(self, batch: int) -> bool:
         """Whether this batch size's bucket has its own slope."""
@@ -113,21 +136,24 @@ class StepCostModel:
         learned = sorted(self.buckets, key=lambda b: (abs(b - index), b))
         if not learned:
             return None
-        slope = next((s for s in map(self._slope, learned) if s is not None), None)
-        per_draft, samples = slope if slope is not None else (0.0, 0.0)
+        own = self._slope(index)
+        found = own or next((s for s in map(self._slope, learned) if s is not None), None)
+        per_draft, se, samples = found if found is not None else (0.0, math.inf, 0.0)
         moments = self.buckets[learned[0]].all_steps
         base = (moments.t - per_draft * moments.d) / moments.w
-        return CostEstimate(max(base, 1e-6), per_draft, samples)
+        return CostEstimate(max(base, 1e-6), per_draft, samples, se if own is not None else math.inf)
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
+    def snapshot(self) -> dict[str, dict[str, float | None]]:
         """Per bucket (named by its largest batch size): base and per-draft ms, random-step weight."""
         out = {}
         for index in sorted(self.buckets):
             est = self.estimate(2**index)
             if est is not None:
+                se = est.per_draft_se_s
                 out[str(2**index)] = {
                     "base_ms": round(est.base_s * 1e3, 3),
                     "per_draft_ms": round(est.per_draft_s * 1e3, 3),
+                    "per_draft_se_ms": round(se * 1e3, 3) if math.isfinite(se) else None,
                     "random_steps": round(est.samples, 1),
                 }
         return out

@@ -141,7 +141,10 @@ class DepthScheduler(Scheduler):
                 batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
             else:
                 ledger.held = None
-                batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True))
+                # Under sync scheduling the drafts for this step are already
+                # here; under async they are placeholders, not yet drafted.
+                proposed = len(request.spec_token_ids) if self._shadow else None
+                batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True, proposed))
         if not batch:
             return None
         plan = self.controller.plan(batch)

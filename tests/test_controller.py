@@ -233,3 +233,95 @@ def test_a_held_depth_decided_in_a_batch_matches_the_batch_decision() -> None:
     assert set(planned.values()) == {0}
     assert ctrl.decide("r0", "reasoning", K, 16) == 0
     assert ctrl.decide("r1", "reasoning", K, 1) == 3, "alone, the same request's drafts pay"
+
+
+def test_the_slope_comes_with_a_standard_error_that_matches_its_scatter() -> None:
+    """The IV standard error is what the controller's exploration rests on: over many
+    independent runs it must match the estimates' actual scatter (within 30%)."""
+    estimates, errors = [], []
+    for seed in range(200):
+        rng = random.Random(seed)
+        model = StepCostModel(keep_random=1.0)
+        for _ in range(60):
+            z = rng.randint(0, K)
+            drafts = z if rng.random() < 0.7 else 0
+            model.observe(1, drafts, 0.050 + 0.010 * drafts + rng.gauss(0, 0.004), float(z))
+        est = model.estimate(1)
+        assert est is not None
+        estimates.append(est.per_draft_s)
+        errors.append(est.per_draft_se_s)
+    mean = sum(estimates) / len(estimates)
+    scatter = (sum((e - mean) ** 2 for e in estimates) / (len(estimates) - 1)) ** 0.5
+    assert mean == pytest.approx(0.010, abs=0.0005)
+    assert sum(errors) / len(errors) == pytest.approx(scatter, rel=0.3), (scatter, errors[:5])
+    assert StepCostModel().estimate(1) is None
+    borrowed = StepCostModel(min_random=1)
+    for z in (0, 1, 2, 3) * 10:
+        borrowed.observe(4, z, 0.1 + 0.01 * z + 0.001 * (z % 2), float(z))
+    assert borrowed.estimate(4).per_draft_se_s < 0.001  # type: ignore[union-attr]
+    assert borrowed.estimate(1).per_draft_se_s == float("inf"), "a borrowed slope is not this size's own"  # type: ignore[union-attr]
+
+
+def sparse_batch_step(ctrl: DepthController, rng: random.Random, known: bool, share_proposing: float = 0.11) -> None:
+    """One step of 16 reasoning requests of which ~11% have drafts (ngram while reasoning here),
+    40 ms + 3 ms per verified draft + 4 ms of noise."""
+    proposals = {f"r{i}": K if rng.random() < share_proposing else 0 for i in range(16)}
+    batch = [Planned(rid, "reasoning", K, True, n if known else None) for rid, n in proposals.items()]
+    plan = ctrl.plan(batch)
+    drafts = 0
+    for rid, n in proposals.items():
+        verified = min(plan.depths[rid], n)
+        drafts += verified
+        if n:
+            run = next((j for j in range(n) if rng.random() >= 0.4), n)
+            ctrl.observe(rid, Resolved(K, n, run, verified, "reasoning"))
+    ctrl.step_done(16, drafts, 0.040 + 0.003 * drafts + rng.gauss(0, 0.004), plan)
+
+
+def test_known_proposals_make_random_steps_informative_at_large_batches() -> None:
+    """Run E's failure: at batch 16 with drafts on ~11% of reasoning steps, a random step
+    that draws every request's depth moves few drafts, and the slope's scatter was as
+    large as the slope. Drawing the instrument from the drafts actually let through,
+    and taking random steps only where some request has drafts, shrinks the error."""
+
+    def slope_errors(known: bool) -> list[float]:
+        out = []
+        for seed in range(12):
+            rng = random.Random(seed)
+            ctrl = DepthController(K, ControllerSettings(seed=seed))
+            for _ in range(1500):
+                sparse_batch_step(ctrl, rng, known)
+            est = ctrl.cost.estimate(16)
+            assert est is not None
+            out.append(abs(est.per_draft_s - 0.003))
+        return out
+
+    known, unknown = slope_errors(True), slope_errors(False)
+    assert max(known) < 0.0015, known
+    assert sum(known) < 0.5 * sum(unknown), (known, unknown)
+
+
+def test_a_random_step_waits_for_a_step_with_drafts() -> None:
+    ctrl = DepthController(K, ControllerSettings(seed=1, warmup_steps=3))
+    empty = [Planned(f"r{i}", "reasoning", K, True, 0) for i in range(4)]
+    some = [Planned("r0", "reasoning", K, True, 2), *empty[1:]]
+    assert not any(ctrl.plan(empty).explore for _ in range(50)), "nothing to learn from: no random step"
+    assert ctrl.explored_steps == 0
+    plan = ctrl.plan(some)
+    assert plan.explore and plan.full_draft, "the pending random step comes with the first drafts"
+    assert plan.instrument == pytest.approx(min(plan.depths["r0"], 2) - sum(min(d, 2) for d in range(K + 1)) / (K + 1))
+
+
+def test_exploration_settles_once_the_slope_is_known() -> None:
+    """Random steps cost drafts that may not pay: once the slope's error is worth under
+    ``price_precision`` tokens per draft, only ``settled_explore_share`` of steps explore."""
+    rng = random.Random(2)
+    ctrl = DepthController(K, ControllerSettings(seed=3))
+    assert ctrl._explore_share(1) == ControllerSettings().cold_explore_share
+    for _ in range(3000):
+        synthetic_step(ctrl, rng, chain(0.4), 0.048)
+    assert ctrl._explore_share(1) == ControllerSettings().settled_explore_share
+    noisy = DepthController(K, ControllerSettings(seed=3))
+    for z in (0, 1, 2, 3) * 6:  # 24 random steps, 20 ms of noise on a 55 ms step
+        noisy.cost.observe(1, z, 0.055 + 0.048 * z + rng.gauss(0, 0.020), float(z))
+    assert noisy._explore_share(1) == ControllerSettings().explore_share
