@@ -96,10 +96,12 @@ class AdaptiveSettings(BaseModel):
 
     explore_share: float = Field(default=0.05, ge=0.0, le=1.0)
     """Share of steps whose depths move at random by up to one: what the step-cost slope is learned from."""
+    settled_explore_share: float = Field(default=0.01, ge=0.0, le=1.0)
+    """The share once the slope's standard error is worth under 0.05 tokens per draft."""
     shadow_share: float = Field(default=0.25, ge=0.0, le=1.0)
     """Share of steps after which the drafter proposes all K drafts (shadow drafts)."""
     warmup_steps: int = Field(default=40, ge=0)
-    """First adaptive steps spent exploring."""
+    """Random steps taken first (depths drawn from 0..cap), before any cost slope is learned."""
     seed: int | None = None
     summary_interval_s: float = Field(default=10.0, gt=0)
     """Period of the per-phase summary log line and gauges."""

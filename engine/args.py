@@ -103,6 +103,7 @@ def hook_options(settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "adaptive": {
             "explore_share": adaptive.explore_share,
+            "settled_explore_share": adaptive.settled_explore_share,
             "shadow_share": adaptive.shadow_share,
             "warmup_steps": adaptive.warmup_steps,
             "seed": adaptive.seed,

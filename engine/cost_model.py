@@ -21,6 +21,17 @@ weighted, so the model follows load and forgets old steps.
 The slope comes with its standard error (the usual IV error from the same
 moments), which the controller uses to decide how much to keep exploring.
 
+Random steps are few where steps are long and batches large (a benchmark
+cell at 16 requests is about 60 steps), so the IV slope is combined, by
+precision, with a prior that natural variation gives for free: the slope of
+step time over *batch size* on steps that verified no draft. A token of one
+more request costs, to first order, what a draft token of a request costs
+(the same layers, one more row; on the user's machine one more set of
+experts read), and batch size moves with arrivals and finishes, not with
+what the drafter found. Its error is the regression's plus half the slope
+itself (``prior_mismatch``: attention and drafting differ between the two),
+so a well-determined IV slope outweighs it.
+
 Batch sizes are bucketed by powers of two (1, 2, 3-4, 5-8, ...); a bucket
 without enough random steps borrows the slope of the nearest bucket that has.
 """
@@ -75,6 +86,22 @@ class _Moments:
         self.td = self.td * keep + t * d
         self.dd = self.dd * keep + d * d
 
+    def merged(self, other: _Moments) -> _Moments:
+        return _Moments(*(getattr(self, f) + getattr(other, f) for f in _MOMENT_FIELDS))
+
+    def ols(self, min_var: float) -> tuple[float, float] | None:
+        """Least-squares slope of t on d and its standard error, or None when d barely varied."""
+        if self.w <= 2:
+            return None
+        w = self.w
+        mt, md = self.t / w, self.d / w
+        var_d = self.dd / w - md * md
+        if var_d < min_var:
+            return None
+        slope = (self.td / w - mt * md) / var_d
+        var_u = max(self.tt / w - mt * mt - slope * slope * var_d, 0.0)
+        return slope, math.sqrt(var_u / (w * var_d))
+
     def slope(self, min_cov: float) -> tuple[float, float] | None:
         """Wald estimate cov(t, z) / cov(d, z) and its standard error, or None when z barely moved d.
 
@@ -94,10 +121,15 @@ class _Moments:
         return slope, math.sqrt(var_u * var_z / (w * cov_dz * cov_dz))
 
 
+_MOMENT_FIELDS = ("w", "t", "d", "z", "tz", "dz", "zz", "tt", "td", "dd")
+
+
 @dataclass(slots=True)
 class _Bucket:
     all_steps: _Moments = field(default_factory=_Moments)
     random_steps: _Moments = field(default_factory=_Moments)
+    plain_steps: _Moments = field(default_factory=_Moments)
+    """Steps that verified no draft, with d = the batch size: the prior's regression."""
 
 
 @dataclass(slots=True)
@@ -109,12 +141,17 @@ class StepCostModel:
     min_random: float = 12.0
     """Random-step weight a bucket needs before its slope is trusted."""
     min_cov: float = 0.02
+    prior_mismatch: float = 0.5
+    """The batch-size prior's error beyond its regression's, as a share of it."""
+    min_batch_var: float = 0.1
     buckets: dict[int, _Bucket] = field(default_factory=dict)
 
     def observe(self, batch: int, drafts: int, seconds: float, instrument: float | None) -> None:
         """A decode step; ``instrument`` is Z on a random step, else None."""
         bucket = self.buckets.setdefault(bucket_of(batch), _Bucket())
         bucket.all_steps.add(self.keep_all, seconds, drafts, 0.0)
+        if drafts == 0:
+            bucket.plain_steps.add(self.keep_all, seconds, batch, 0.0)
         if instrument is not None:
             bucket.random_steps.add(self.keep_random, seconds, drafts, instrument)
 
@@ -130,18 +167,40 @@ class StepCostModel:
         """Whether this batch size's bucket has its own slope."""
         return self._slope(bucket_of(batch)) is not None
 
+    def prior(self, index: int) -> tuple[float, float] | None:
+        """The batch-size slope around this bucket (it and its neighbours) and its error."""
+        pooled = _Moments()
+        for near in (index - 1, index, index + 1):
+            if near in self.buckets:
+                pooled = pooled.merged(self.buckets[near].plain_steps)
+        found = pooled.ols(self.min_batch_var)
+        if found is None:
+            return None
+        slope, se = max(found[0], 0.0), found[1]
+        return slope, math.hypot(se, self.prior_mismatch * slope)
+
     def estimate(self, batch: int) -> CostEstimate | None:
         """The cost at this batch size; None until any step of a near size was seen."""
         index = bucket_of(batch)
         learned = sorted(self.buckets, key=lambda b: (abs(b - index), b))
         if not learned:
             return None
-        own = self._slope(index)
-        found = own or next((s for s in map(self._slope, learned) if s is not None), None)
-        per_draft, se, samples = found if found is not None else (0.0, math.inf, 0.0)
+        own, prior = self._slope(index), self.prior(index)
+        if own is not None and prior is not None and prior[1] > 0 and own[1] > 0:
+            weights = (own[1] ** -2, prior[1] ** -2)
+            per_draft = (own[0] * weights[0] + prior[0] * weights[1]) / sum(weights)
+            se, samples = sum(weights) ** -0.5, own[2]
+        elif own is not None:
+            per_draft, se, samples = own
+        elif prior is not None:
+            per_draft, se, samples = prior[0], math.inf, 0.0
+        else:
+            found = next((s for s in map(self._slope, learned) if s is not None), None)
+            per_draft, samples = (found[0], found[2]) if found is not None else (0.0, 0.0)
+            se = math.inf
         moments = self.buckets[learned[0]].all_steps
         base = (moments.t - per_draft * moments.d) / moments.w
-        return CostEstimate(max(base, 1e-6), per_draft, samples, se if own is not None else math.inf)
+        return CostEstimate(max(base, 1e-6), max(per_draft, 0.0), samples, se)
 
     def snapshot(self) -> dict[str, dict[str, float | None]]:
         """Per bucket (named by its largest batch size): base and per-draft ms, random-step weight."""

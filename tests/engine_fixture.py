@@ -60,7 +60,9 @@ async def probe_shadow_acceptance(engine: PhasespecLLM, requests: int, max_token
     from load.workload import copy_prompt
 
     k = engine.max_spec_depth
-    old = await engine.configure_controller(explore_share=1.0, explore_depths=[1, k], warmup_steps=0)
+    old = await engine.configure_controller(
+        explore_share=1.0, settled_explore_share=1.0, explore_depths=[1, k], warmup_steps=0
+    )
     await engine.controller_state(reset_window=True)
     try:
         await asyncio.gather(
