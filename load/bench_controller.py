@@ -41,7 +41,7 @@ def main() -> None:
         runs = {rid: sum(1 for _ in range(k) if rng.random() < 0.6) for rid in ids}
         bonus = {rid: 100 + rng.randrange(100) for rid in ids}
         t0 = time.perf_counter()
-        plan = ctrl.plan([Planned(rid, phases[rid], k, True) for rid in ids])
+        plan = ctrl.plan([Planned(rid, phases[rid], k, True, len(drafts[rid])) for rid in ids])
         for rid in ids:
             depth = plan.depths[rid]
             out = outputs[rid]

@@ -352,3 +352,24 @@ def test_the_batch_size_slope_is_a_prior_that_a_precise_random_slope_outweighs()
     assert noisy.per_draft_s == pytest.approx(0.002, rel=0.35), noisy
     precise = run(400, 1.0, 0.001)  # drafts here cost half a request's token: the IV says so
     assert precise.per_draft_s == pytest.approx(0.001, rel=0.1), precise
+
+
+def test_on_the_offload_shape_with_sparse_drafts_few_steps_pay_for_learning() -> None:
+    """The emulated moe-offload run's shape: 2 x (7 + 48 x tokens) ms, drafts on 30% of
+    reasoning steps, accepted 45% of the time. Depth 0 wins; once the slope is known, random
+    steps (1%, only on steps with drafts) verify a draft on well under 1% of steps."""
+    rng = random.Random(1)
+    ctrl = DepthController(K, ControllerSettings(seed=2))
+    verified_steps = 0
+    for step in range(3000):
+        proposed = K if rng.random() < 0.3 else 0
+        plan = ctrl.plan([Planned("r", "reasoning", K, True, proposed)])
+        verified = min(plan.depths["r"], proposed)
+        verified_steps += step >= 500 and verified > 0
+        if proposed:
+            run = next((j for j in range(K) if rng.random() >= 0.45), K)
+            ctrl.observe("r", Resolved(K, proposed, run, verified, "reasoning"))
+        ctrl.step_done(1, verified, 2 * (0.007 + 0.048 * (1 + verified)), plan)
+    assert ctrl.cost.estimate(1).per_draft_s == pytest.approx(0.096)  # type: ignore[union-attr]
+    assert verified_steps / 2500 < 0.01, verified_steps
+    assert ctrl.requests["r"].depth == 0
