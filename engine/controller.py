@@ -19,6 +19,7 @@ rate. Each iteration raises L; it stops in a few rounds.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -273,9 +274,10 @@ class DepthController:
         # verify: when the drafter proposed none (known under sync scheduling),
         # the random step waits for the next step that has some.
         informative = any(p.proposed is None or p.proposed > 0 for p in adaptive)
+        cost = self.cost.estimate(len(batch))
         self._explore_next = explore and not informative
         if not self._explore_next:
-            self._explore_next = self.rng.random() < self._explore_share(len(batch))
+            self._explore_next = self.rng.random() < self._explore_share(len(batch), cost)
         full_draft = self._explore_next or self.rng.random() < s.shadow_share
         if explore and informative:
             self.explored_steps += 1
@@ -294,7 +296,6 @@ class DepthController:
             candidates.append(Candidate(request.rates.accepted(), request.rates.proposed(), low, p.depth))
             last = request.depth if p.adaptive else p.depth
             previous.append(last if last is not None and low <= last <= p.depth else None)
-        cost = self.cost.estimate(len(batch))
         chosen, rate = best_depths(candidates, cost)
         chosen = settle(candidates, chosen, previous, rate, cost, s.hysteresis)
         depths = {}
@@ -317,7 +318,7 @@ class DepthController:
         request.depth = depth
         return depth
 
-    def _explore_share(self, batch: int) -> float:
+    def _explore_share(self, batch: int, cost: CostEstimate | None) -> float:
         """How often to take a random step at this batch size.
 
         No slope of its own yet: often (a borrowed slope can be wrong). A slope
@@ -326,8 +327,7 @@ class DepthController:
         (every random step verifies drafts that may not pay: on the user's
         machine a draft is a whole expert read)."""
         s = self.settings
-        cost = self.cost.estimate(batch)
-        if cost is None or not self.cost.learned(batch):
+        if cost is None or not math.isfinite(cost.per_draft_se_s):  # no slope of this size's own
             return max(s.explore_share, s.cold_explore_share)
         if cost.per_draft_se_s * batch / cost.base_s > s.price_precision:
             return s.explore_share

@@ -39,7 +39,7 @@ without enough random steps borrows the slope of the nearest bucket that has.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,8 @@ class CostEstimate:
     samples: float
     """Weight of the random steps behind the slope (0: no slope learned yet)."""
     per_draft_se_s: float = math.inf
-    """Standard error of ``per_draft_s`` (inf: no slope of this bucket's own)."""
+    """Standard error of ``per_draft_s``; inf when this bucket has no slope of its own
+    from random steps (a prior or a borrowed slope only)."""
 
 
 def bucket_of(batch: int) -> int:
@@ -87,7 +88,7 @@ class _Moments:
         self.dd = self.dd * keep + d * d
 
     def merged(self, other: _Moments) -> _Moments:
-        return _Moments(*(getattr(self, f) + getattr(other, f) for f in _MOMENT_FIELDS))
+        return _Moments(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(_Moments)))
 
     def ols(self, min_var: float) -> tuple[float, float] | None:
         """Least-squares slope of t on d and its standard error, or None when d barely varied."""
@@ -119,9 +120,6 @@ class _Moments:
         var_u = max(var_t - 2 * slope * cov_td + slope * slope * var_d, 0.0)
         var_z = max(self.zz / w - mz * mz, 0.0)
         return slope, math.sqrt(var_u * var_z / (w * cov_dz * cov_dz))
-
-
-_MOMENT_FIELDS = ("w", "t", "d", "z", "tz", "dz", "zz", "tt", "td", "dd")
 
 
 @dataclass(slots=True)
@@ -162,10 +160,6 @@ class StepCostModel:
             return None
         found = bucket.random_steps.slope(self.min_cov)
         return None if found is None else (max(found[0], 0.0), found[1], bucket.random_steps.w)
-
-    def learned(self, batch: int) -> bool:
-        """Whether this batch size's bucket has its own slope."""
-        return self._slope(bucket_of(batch)) is not None
 
     def prior(self, index: int) -> tuple[float, float] | None:
         """The batch-size slope around this bucket (it and its neighbours) and its error."""

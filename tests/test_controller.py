@@ -318,14 +318,14 @@ def test_exploration_settles_once_the_slope_is_known() -> None:
     ``price_precision`` tokens per draft, only ``settled_explore_share`` of steps explore."""
     rng = random.Random(2)
     ctrl = DepthController(K, ControllerSettings(seed=3))
-    assert ctrl._explore_share(1) == ControllerSettings().cold_explore_share
+    assert ctrl._explore_share(1, ctrl.cost.estimate(1)) == ControllerSettings().cold_explore_share
     for _ in range(3000):
         synthetic_step(ctrl, rng, chain(0.4), 0.048)
-    assert ctrl._explore_share(1) == ControllerSettings().settled_explore_share
+    assert ctrl._explore_share(1, ctrl.cost.estimate(1)) == ControllerSettings().settled_explore_share
     noisy = DepthController(K, ControllerSettings(seed=3))
     for z in (0, 1, 2, 3) * 6:  # 24 random steps, 20 ms of noise on a 55 ms step
         noisy.cost.observe(1, z, 0.055 + 0.048 * z + rng.gauss(0, 0.020), float(z))
-    assert noisy._explore_share(1) == ControllerSettings().explore_share
+    assert noisy._explore_share(1, noisy.cost.estimate(1)) == ControllerSettings().explore_share
 
 
 def test_the_batch_size_slope_is_a_prior_that_a_precise_random_slope_outweighs() -> None:
