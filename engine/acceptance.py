@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +88,94 @@ class PositionRates:
             self.accepted_sum[j] = self.accepted_sum[j] * keep + (1.0 if j < run else 0.0)
             self.proposed_sum[j] = self.proposed_sum[j] * keep + (1.0 if j < proposed else 0.0)
 
-    def restart_from(self, other: PositionRates, weight: float) -> None:
-        """Forget this history: start again from ``other``'s estimates, worth ``weight`` observations."""
-        self.weight = [weight] * other.max_depth
-        self.accepted_sum = [weight * a for a in other.accepted()]
-        self.proposed_sum = [weight * p for p in other.proposed()]
-
     def samples(self) -> list[float]:
         return list(self.weight)
+
+
+@dataclass(slots=True)
+class RequestRates:
+    """One request's own history, shrunk towards its phase's live estimate.
+
+    Estimate at weight M: ``(M * phase + own sums) / (M + own weight)``, per
+    position. M is the phase estimate's worth in the request's own
+    observations; ``WeightChooser`` picks it from how well each M predicted.
+    """
+
+    phase: PositionRates
+    own: PositionRates
+
+    @classmethod
+    def start(cls, phase: PositionRates, keep: float) -> RequestRates:
+        k = phase.max_depth
+        return cls(phase, PositionRates.prior([0.0] * k, [0.0] * k, 0.0, keep))
+
+    def accepted(self, weight: float) -> list[float]:
+        return _shrunk(self.phase.accepted(), self.own.accepted_sum, self.own.weight, weight)
+
+    def proposed(self, weight: float) -> list[float]:
+        return _shrunk(self.phase.proposed(), self.own.proposed_sum, self.own.weight, weight)
+
+    def estimate(self, weight: float, phase: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
+        """(c, p) at ``weight``, given the phase's (c, p) (computed once per step for the batch)."""
+        own = self.own
+        return _shrunk(phase[0], own.accepted_sum, own.weight, weight), _shrunk(
+            phase[1], own.proposed_sum, own.weight, weight
+        )
+
+
+def _shrunk(phase: Sequence[float], sums: Sequence[float], weights: Sequence[float], prior: float) -> list[float]:
+    return [(prior * e + s) / (prior + w) for e, s, w in zip(phase, sums, weights, strict=True)]
+
+
+@dataclass(slots=True)
+class WeightChooser:
+    """Which worth of the phase estimate predicts a phase's requests best, measured.
+
+    Before every observation is counted, each candidate weight's estimate of
+    it is scored (squared error of "drafts 1..j accepted" and "proposed at
+    least j", summed over the positions observed; exponentially forgotten).
+    Requests that differ (one copies code, one reasons freely) favour a small
+    weight; requests that are alike, or own histories too short or too
+    correlated (a shadow draft overlaps the next one's positions) to say more
+    than their phase, favour a large one. A fixed guess picked drafts that a
+    request's lucky run promised and its next proposals did not keep.
+    """
+
+    weights: tuple[float, ...]
+    default: float
+    keep: float
+    min_samples: float
+    errors: list[float] = field(default_factory=list)
+    samples: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.errors = self.errors or [0.0] * len(self.weights)
+
+    def score(self, rates: RequestRates, observed: int, proposed: int, run: int) -> None:
+        phase, own, errors = rates.phase, rates.own, self.errors
+        for i in range(len(errors)):
+            errors[i] *= self.keep
+        self.samples = self.samples * self.keep + 1.0
+        # Scalar loops: this runs for every proposal of every request (64 a step at batch 64).
+        for j in range(min(observed, own.max_depth)):
+            w, a, p = own.weight[j], own.accepted_sum[j], own.proposed_sum[j]
+            if w == 0.0:
+                continue  # every weight predicts the phase's estimate: the same error for all
+            phase_c, phase_p = phase.accepted_sum[j] / phase.weight[j], phase.proposed_sum[j] / phase.weight[j]
+            hit_c, hit_p = float(j < run), float(j < proposed)
+            for i, m in enumerate(self.weights):
+                dc = (m * phase_c + a) / (m + w) - hit_c
+                dp = (m * phase_p + p) / (m + w) - hit_p
+                errors[i] += dc * dc + dp * dp
+
+    def best(self) -> float:
+        if self.samples < self.min_samples or not self.weights:
+            return self.default
+        return self.weights[min(range(len(self.weights)), key=self.errors.__getitem__)]
+
+    def as_dict(self) -> dict[str, Any]:
+        mean = [round(e / self.samples, 4) if self.samples else None for e in self.errors]
+        return {"weight": self.best(), "error_by_weight": dict(zip(map(str, self.weights), mean, strict=True))}
 
 
 @dataclass(slots=True)

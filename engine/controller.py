@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.acceptance import PositionRates, Resolved
+from engine.acceptance import PositionRates, RequestRates, Resolved, WeightChooser
 from engine.cost_model import CostEstimate, StepCostModel
 
 
@@ -47,7 +47,16 @@ class ControllerSettings:
     warmup_steps: int = 40
     """Random steps taken first (drawn from 0..cap), before the cost model has any."""
     request_prior_weight: float = 8.0
-    """A request starts from its phase's estimate, worth this many of its own steps."""
+    """A request's estimate is its phase's, worth this many of its own proposals, plus its
+    own history; the weight used until ``request_weights`` have been scored."""
+    request_weights: tuple[float, ...] = (2.0, 8.0, 32.0, 128.0, 512.0)
+    """Candidate weights, scored per phase by how well each predicted the next proposal
+    (engine/acceptance.py WeightChooser); the best one is used. One entry fixes it."""
+    weight_samples: float = 100.0
+    """Scored proposals (forgotten at ``phase_keep``) before the best weight replaces the default."""
+    scored_per_step: int = 8
+    """Proposals scored per step on average (a random sample: scoring all 64 of a batch of
+    64 would cost a third of the controller's time)."""
     request_keep: float = 0.95
     phase_keep: float = 0.995
     hysteresis: float = 0.01
@@ -184,10 +193,14 @@ class StepPlan:
     """Let the drafter propose K after this step (shadow drafts for every position)."""
 
 
+_Prior = tuple[float, tuple[list[float], list[float]]]
+"""A phase's request weight and its (c, p) estimates."""
+
+
 @dataclass(slots=True)
 class _Request:
     phase: str
-    rates: PositionRates
+    rates: RequestRates
     depth: int | None = None
     """The last depth chosen for it (not on random steps)."""
 
@@ -211,6 +224,7 @@ class DepthController:
         self.rng = random.Random(self.settings.seed)
         self.cost = StepCostModel()
         self.phases: dict[str, PositionRates] = {}
+        self.weights: dict[str, WeightChooser] = {}
         self.requests: dict[str, _Request] = {}
         self.window: dict[str, PhaseWindow] = {}
         self.by_verified: dict[int, VerifiedCounts] = {}
@@ -219,6 +233,8 @@ class DepthController:
         self.shadow_checked = 0
         self.shadow_disagreed = 0
         self._explore_next = False
+        self._score_share = 1.0
+        self._score_rng = random.Random(self.settings.seed)
 
     # --- estimates ---
 
@@ -231,14 +247,20 @@ class DepthController:
             self.phases[phase] = rates
         return rates
 
+    def weight_chooser(self, phase: str) -> WeightChooser:
+        chooser = self.weights.get(phase)
+        if chooser is None:
+            s = self.settings
+            chooser = WeightChooser(s.request_weights, s.request_prior_weight, s.phase_keep, s.weight_samples)
+            self.weights[phase] = chooser
+        return chooser
+
     def track(self, engine_id: str, phase: str) -> None:
         """A request enters ``phase`` (or arrives): it restarts from that phase's estimate."""
         request = self.requests.get(engine_id)
         if request is not None and request.phase == phase:
             return
-        source = self.phase_rates(phase)
-        rates = PositionRates.prior([], [], 0.0, self.settings.request_keep)
-        rates.restart_from(source, self.settings.request_prior_weight)
+        rates = RequestRates.start(self.phase_rates(phase), self.settings.request_keep)
         self.requests[engine_id] = _Request(phase, rates)
 
     def forget(self, engine_id: str) -> None:
@@ -246,10 +268,14 @@ class DepthController:
 
     def observe(self, engine_id: str, resolved: Resolved) -> None:
         """A proposal of this request was decided (engine/acceptance.py)."""
-        self.phase_rates(resolved.phase).observe(resolved.observed, resolved.proposed, resolved.run)
         request = self.requests.get(engine_id)
         if request is not None and request.phase == resolved.phase:
-            request.rates.observe(resolved.observed, resolved.proposed, resolved.run)
+            if self._score_rng.random() < self._score_share:
+                # Scored before anything learns from it: a prediction, not a fit.
+                chooser = self.weight_chooser(resolved.phase)
+                chooser.score(request.rates, resolved.observed, resolved.proposed, resolved.run)
+            request.rates.own.observe(resolved.observed, resolved.proposed, resolved.run)
+        self.phase_rates(resolved.phase).observe(resolved.observed, resolved.proposed, resolved.run)
         if resolved.observed >= self.max_depth:
             self.by_verified.setdefault(resolved.verified, VerifiedCounts()).add(resolved.run, self.max_depth)
         if resolved.agrees is not None:
@@ -258,7 +284,19 @@ class DepthController:
 
     def estimates(self, engine_id: str) -> list[float]:
         request = self.requests.get(engine_id)
-        return request.rates.accepted() if request is not None else []
+        if request is None:
+            return []
+        return request.rates.accepted(self.weight_chooser(request.phase).best())
+
+    def _candidate(self, request: _Request, low: int, high: int, priors: dict[str, _Prior]) -> Candidate:
+        """The request's estimates; ``priors`` caches each phase's weight and (c, p) within one step."""
+        prior = priors.get(request.phase)
+        if prior is None:
+            phase = request.rates.phase
+            prior = (self.weight_chooser(request.phase).best(), (phase.accepted(), phase.proposed()))
+            priors[request.phase] = prior
+        accepted, proposed = request.rates.estimate(*prior)
+        return Candidate(accepted, proposed, low, high)
 
     # --- decisions ---
 
@@ -268,6 +306,7 @@ class DepthController:
             return StepPlan({}, False, None, False)
         s = self.settings
         self.planned_steps += 1
+        self._score_share = min(1.0, s.scored_per_step / len(batch))
         warm = self.explored_steps >= s.warmup_steps
         explore = self._explore_next or not warm
         # A random step only teaches the slope through requests with drafts to
@@ -288,12 +327,12 @@ class DepthController:
                 depths[p.engine_id], centred = self._random_depth(p.depth, decided, p.proposed)
                 instrument += centred
             return StepPlan(depths, True, instrument, full_draft)
-        candidates, previous = [], []
+        candidates, previous, priors = [], [], {}
         for p in batch:
             self.track(p.engine_id, p.phase)
             request = self.requests[p.engine_id]
             low = 0 if p.adaptive else p.depth
-            candidates.append(Candidate(request.rates.accepted(), request.rates.proposed(), low, p.depth))
+            candidates.append(self._candidate(request, low, p.depth, priors))
             last = request.depth if p.adaptive else p.depth
             previous.append(last if last is not None and low <= last <= p.depth else None)
         chosen, rate = best_depths(candidates, cost)
@@ -308,7 +347,7 @@ class DepthController:
         """One request's best depth now, no random step (the depth it will hold)."""
         self.track(engine_id, phase)
         request = self.requests[engine_id]
-        candidate = Candidate(request.rates.accepted(), request.rates.proposed(), 0, cap)
+        candidate = self._candidate(request, 0, cap, {})
         cost = self.cost.estimate(batch)
         if cost is not None and batch > 1:
             # Decided alone, the request bears only its share of the step's base:
@@ -379,6 +418,7 @@ class DepthController:
                 "samples_by_position": [round(w, 1) for w in rates.samples()],
                 "steps_by_depth": list(window.steps_by_depth),
                 "tokens": window.tokens,
+                "request_weight": self.weight_chooser(name).as_dict(),
             }
         by_verified = {str(v): c.as_dict() for v, c in sorted(self.by_verified.items())}
         if reset_window:

@@ -4,7 +4,9 @@ In the spirit of vLLM's own ``SpecDecoding metrics`` line: every
 ``--adaptive.summary_interval_s`` the engine's controller state is read
 (engine/controller.py) and, per phase, the acceptance by draft position, the
 tokens per second, the distribution of depths over engine steps and the
-estimated cost of one more verified draft are logged and exported.
+estimated cost of one more verified draft are logged and exported; the line
+also carries the phase estimate's measured worth in a request's own proposals
+(``request_weight``, engine/acceptance.py WeightChooser).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def phase_lines(state: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
                 "tok_s": round(stats["tokens"] / seconds, 2) if seconds > 0 else None,
                 "steps_by_depth": steps,
                 "per_draft_ms": {batch: c["per_draft_ms"] for batch, c in cost.items()},
+                "request_weight": stats["request_weight"]["weight"],
                 "emulation": (state.get("emulation") or {}).get("step_ms"),
             }
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from engine.acceptance import PositionRates, Resolved, ShadowBook
+from engine.acceptance import PositionRates, RequestRates, Resolved, ShadowBook, WeightChooser
 
 
 def test_cut_drafts_resolve_against_the_tokens_that_follow() -> None:
@@ -57,5 +59,44 @@ def test_position_rates_count_only_observed_positions_and_forget() -> None:
     for _ in range(20):
         fast.observe(1, 1, 1)
     assert fast.accepted()[0] > 0.99
-    fast.restart_from(rates, weight=4.0)
-    assert fast.accepted() == pytest.approx([0.5, 0.125]) and fast.samples() == [4.0, 4.0]
+
+
+def test_a_request_estimate_is_its_phase_shrunk_towards_by_its_own_history() -> None:
+    phase = PositionRates.prior([0.5, 0.25], [1.0, 1.0], weight=10.0, keep=1.0)
+    rates = RequestRates.start(phase, keep=1.0)
+    assert rates.accepted(8.0) == [0.5, 0.25], "no history: the phase's estimate"
+    rates.own.observe(observed=2, proposed=2, run=2)
+    rates.own.observe(observed=2, proposed=2, run=2)
+    assert rates.accepted(8.0) == pytest.approx([(4 + 2) / 10, (2 + 2) / 10])
+    assert rates.accepted(2.0) == pytest.approx([(1 + 2) / 4, (0.5 + 2) / 4])
+    phase.observe(observed=2, proposed=0, run=0)  # the phase moves: so does the request's prior
+    assert rates.proposed(8.0)[0] == pytest.approx((8 * 10 / 11 + 2) / 10)
+
+
+def _stream(chooser: WeightChooser, phase: PositionRates, per_request: list[float], rng: random.Random) -> None:
+    """Requests of one phase, each accepting its first draft with its own probability."""
+    for accept in per_request:
+        rates = RequestRates.start(phase, keep=0.95)
+        for _ in range(40):
+            run = 1 if rng.random() < accept else 0
+            chooser.score(rates, 1, 1, run)
+            rates.own.observe(1, 1, run)
+            phase.observe(1, 1, run)
+
+
+@pytest.mark.parametrize(
+    ("spread", "expected"),
+    [
+        # Requests that differ (some copy, some reason freely): trust their own history.
+        ((0.05, 0.95), 2.0),
+        # Alike requests: their own runs are luck, the phase knows better.
+        ((0.5, 0.5), 512.0),
+    ],
+)
+def test_the_weight_that_predicted_best_is_chosen(spread: tuple[float, float], expected: float) -> None:
+    rng = random.Random(7)
+    phase = PositionRates.prior([0.5], [1.0], weight=1.0, keep=0.995)
+    chooser = WeightChooser((2.0, 8.0, 32.0, 128.0, 512.0), default=8.0, keep=0.999, min_samples=100.0)
+    assert chooser.best() == 8.0, "nothing scored yet: the default"
+    _stream(chooser, phase, [rng.choice(spread) for _ in range(60)], rng)
+    assert chooser.best() == expected, chooser.as_dict()

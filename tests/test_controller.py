@@ -373,3 +373,34 @@ def test_on_the_offload_shape_with_sparse_drafts_few_steps_pay_for_learning() ->
     assert ctrl.cost.estimate(1).per_draft_s == pytest.approx(0.096)  # type: ignore[union-attr]
     assert verified_steps / 2500 < 0.01, verified_steps
     assert ctrl.requests["r"].depth == 0
+
+
+def _streak_steps(settings: ControllerSettings) -> tuple[int, DepthController]:
+    """Requests alike (first draft accepted 75% of the time, 30 proposals each) on the
+    offload shape, where a draft pays only above 87%: decided steps that verified drafts."""
+    rng = random.Random(13)
+    ctrl = DepthController(K, settings)
+    for z in (0, 1, 2, 3) * 40:
+        ctrl.cost.observe(1, z, 2 * (0.007 + 0.048 * (1 + z)), float(z))
+    deep = 0
+    for n in range(120):
+        rid = f"r{n}"
+        ctrl.track(rid, "reasoning")
+        for _ in range(30):
+            depth = ctrl.plan([Planned(rid, "reasoning", K, True, K)]).depths[rid]
+            deep += n >= 20 and depth > 0
+            run = next((j for j in range(K) if rng.random() >= 0.75), K)
+            ctrl.observe(rid, Resolved(K, K, run, depth, "reasoning"))
+        ctrl.forget(rid)
+    return deep, ctrl
+
+
+def test_alike_requests_lucky_runs_do_not_buy_drafts() -> None:
+    """A request's own streak of accepted drafts is luck when its phase's requests are
+    alike: the measured weight of the phase estimate keeps it from paying for drafts
+    that its next proposals do not keep (the emulated run's 53 depth-1 steps, 6 of 13 accepted)."""
+    quiet = {"seed": 14, "explore_share": 0.0, "settled_explore_share": 0.0, "warmup_steps": 0}
+    measured, ctrl = _streak_steps(ControllerSettings(**quiet))
+    trusting, _ = _streak_steps(ControllerSettings(**quiet, request_weights=(2.0,)))
+    assert ctrl.weight_chooser("reasoning").best() >= 128.0
+    assert trusting > 50 and measured < trusting / 10, (measured, trusting)
