@@ -327,7 +327,8 @@ class DepthController:
                 depths[p.engine_id], centred = self._random_depth(p.depth, decided, p.proposed)
                 instrument += centred
             return StepPlan(depths, True, instrument, full_draft)
-        candidates, previous, priors = [], [], {}
+        candidates, previous = [], []
+        priors: dict[str, _Prior] = {}
         for p in batch:
             self.track(p.engine_id, p.phase)
             request = self.requests[p.engine_id]
