@@ -10,6 +10,7 @@ unchanged, so a ``vllm serve MODEL ...`` launch line becomes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -129,7 +130,18 @@ class Settings(BaseSettings):
     phases: PhaseSettings = PhaseSettings()
     adaptive: AdaptiveSettings = AdaptiveSettings()
     vllm_args: CliUnknownArgs
-    """`vllm serve` flags passed through (from the CLI, or this env var as JSON)."""
+    """`vllm serve` flags passed through (from the CLI, or ``PHASESPEC_VLLM_ARGS`` as a JSON list)."""
+
+    @field_validator("vllm_args", mode="before")
+    @classmethod
+    def _vllm_args_from_json(cls, value: object) -> object:
+        # CliUnknownArgs is not JSON-decoded from the environment (NoDecode): do it here.
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"PHASESPEC_VLLM_ARGS must be a JSON list of strings: {exc}") from exc
 
     @property
     def uses_embedded_model(self) -> bool:

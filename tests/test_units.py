@@ -19,6 +19,15 @@ def test_unknown_flags_pass_through_to_vllm() -> None:
     assert settings.vllm_args == ["--tensor-parallel-size", "2", "--enforce-eager"]
 
 
+def test_vllm_flags_come_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2})
+    monkeypatch.setenv("PHASESPEC_VLLM_ARGS", json.dumps(["--speculative-config", spec]))
+    assert Settings().vllm_args == ["--speculative-config", spec]
+    monkeypatch.setenv("PHASESPEC_VLLM_ARGS", "--enforce-eager")
+    with pytest.raises(ValueError, match="JSON list of strings"):
+        Settings()
+
+
 def test_env_sets_nested_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PHASESPEC_SERVER__PORT", "8123")
     monkeypatch.setenv("PHASESPEC_ENGINE__KV_CACHE_GIB", "1.5")
