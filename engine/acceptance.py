@@ -109,17 +109,15 @@ class RequestRates:
         k = phase.max_depth
         return cls(phase, PositionRates.prior([0.0] * k, [0.0] * k, 0.0, keep))
 
-    def accepted(self, weight: float) -> list[float]:
-        return _shrunk(self.phase.accepted(), self.own.accepted_sum, self.own.weight, weight)
-
-    def proposed(self, weight: float) -> list[float]:
-        return _shrunk(self.phase.proposed(), self.own.proposed_sum, self.own.weight, weight)
-
-    def estimate(self, weight: float, phase: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
-        """(c, p) at ``weight``, given the phase's (c, p) (computed once per step for the batch)."""
+    def estimate(
+        self, weight: float, phase: tuple[list[float], list[float]] | None = None
+    ) -> tuple[list[float], list[float]]:
+        """(c, p) at ``weight``; ``phase`` is the phase's (c, p) when already computed (once per step)."""
+        phase_c, phase_p = phase or (self.phase.accepted(), self.phase.proposed())
         own = self.own
-        return _shrunk(phase[0], own.accepted_sum, own.weight, weight), _shrunk(
-            phase[1], own.proposed_sum, own.weight, weight
+        return (
+            _shrunk(phase_c, own.accepted_sum, own.weight, weight),
+            _shrunk(phase_p, own.proposed_sum, own.weight, weight),
         )
 
 
@@ -156,7 +154,7 @@ class WeightChooser:
         for i in range(len(errors)):
             errors[i] *= self.keep
         self.samples = self.samples * self.keep + 1.0
-        # Scalar loops: this runs for every proposal of every request (64 a step at batch 64).
+        # Scalar loops, no lists: this runs for several proposals every engine step.
         for j in range(min(observed, own.max_depth)):
             w, a, p = own.weight[j], own.accepted_sum[j], own.proposed_sum[j]
             if w == 0.0:

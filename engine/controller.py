@@ -286,7 +286,7 @@ class DepthController:
         request = self.requests.get(engine_id)
         if request is None:
             return []
-        return request.rates.accepted(self.weight_chooser(request.phase).best())
+        return request.rates.estimate(self.weight_chooser(request.phase).best())[0]
 
     def _candidate(self, request: _Request, low: int, high: int, priors: dict[str, _Prior]) -> Candidate:
         """The request's estimates; ``priors`` caches each phase's weight and (c, p) within one step."""

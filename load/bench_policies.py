@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "e.g. '{\"request_prior_weight\": 64}'",
     )
     parser.add_argument("--emulate-scale", type=float, default=1.0, help="multiplies the emulated step time")
+    parser.add_argument(
+        "--vllm-args",
+        default="[]",
+        help="JSON list of `vllm serve` flags, after the embedded defaults (a later flag wins): e.g. a "
+        "--speculative-config with another drafter (README, 'Adaptive depth')",
+    )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
     return parser.parse_args(argv)
 
@@ -151,6 +157,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     from proxy.observer import StatsBoard
 
     settings = Settings()  # type: ignore[call-arg]
+    settings.vllm_args = [*settings.vllm_args, *json.loads(cfg.vllm_args)]
     if cfg.emulate:
         settings.engine.emulate_step_ms = cfg.emulate
         settings.engine.emulate_scale = cfg.emulate_scale

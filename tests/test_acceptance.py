@@ -64,13 +64,13 @@ def test_position_rates_count_only_observed_positions_and_forget() -> None:
 def test_a_request_estimate_is_its_phase_shrunk_towards_by_its_own_history() -> None:
     phase = PositionRates.prior([0.5, 0.25], [1.0, 1.0], weight=10.0, keep=1.0)
     rates = RequestRates.start(phase, keep=1.0)
-    assert rates.accepted(8.0) == [0.5, 0.25], "no history: the phase's estimate"
+    assert rates.estimate(8.0) == ([0.5, 0.25], [1.0, 1.0]), "no history: the phase's estimate"
     rates.own.observe(observed=2, proposed=2, run=2)
     rates.own.observe(observed=2, proposed=2, run=2)
-    assert rates.accepted(8.0) == pytest.approx([(4 + 2) / 10, (2 + 2) / 10])
-    assert rates.accepted(2.0) == pytest.approx([(1 + 2) / 4, (0.5 + 2) / 4])
+    assert rates.estimate(8.0)[0] == pytest.approx([(4 + 2) / 10, (2 + 2) / 10])
+    assert rates.estimate(2.0)[0] == pytest.approx([(1 + 2) / 4, (0.5 + 2) / 4])
     phase.observe(observed=2, proposed=0, run=0)  # the phase moves: so does the request's prior
-    assert rates.proposed(8.0)[0] == pytest.approx((8 * 10 / 11 + 2) / 10)
+    assert rates.estimate(8.0)[1][0] == pytest.approx((8 * 10 / 11 + 2) / 10)
 
 
 def _stream(chooser: WeightChooser, phase: PositionRates, per_request: list[float], rng: random.Random) -> None:
