@@ -125,9 +125,12 @@ async def run_cell(
             # The chat template opened <think>: tell the observer, as vLLM's chat server does.
             async for output in engine.generate(prompts[i], params, rid, reasoning_ended=False):
                 outputs[i] = list(output.outputs[0].token_ids)
-        report = board.take(rid, has_usage=True, is_last=True)
-        for name, counters in (report or {}).get("phases", {}).items():
+        report = board.take(rid, has_usage=True, is_last=True) or {}
+        for name, counters in report.get("phases", {}).items():
             add_phase(cell.phases.setdefault(name, {}), counters)
+        if policy.adaptive:
+            keys = ("decisions", "decisions_total", "explored_steps")
+            cell.decisions.append({"request": i, **{key: report.get(key) for key in keys}})
 
     await engine.drain_step_log()
     await engine.controller_state(reset_window=True)
@@ -233,6 +236,10 @@ async def main_async(cfg: argparse.Namespace) -> Path:
         ],
     )
     write_chart(out / "policies.png", rows, curve)
+    with (out / "decisions.jsonl").open("w") as f:  # what each adaptive request decided, and why
+        for c in cells:
+            for entry in c.decisions:
+                f.write(json.dumps({"concurrency": c.concurrency, "rep": c.rep, **entry}) + "\n")
     (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2, default=str))
     (out / "controller.json").write_text(json.dumps(state, indent=2))
     if emulation:

@@ -59,6 +59,8 @@ class Cell:
     requests: int = 0
     chosen: dict[str, list[int]] = field(default_factory=dict)
     """Adaptive cells: engine steps at each depth, per phase (the controller's choices)."""
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    """Adaptive cells: per request, its depth changes and the estimates behind them."""
 
     @property
     def tok_s(self) -> float:
