@@ -2,11 +2,11 @@
 
     .venv/bin/python -m load.bench_policies --concurrency 1,4,16 --reps 2
 
-Runs the embedded default (or whatever PHASESPEC_* / --vllm flags configure)
+Runs the embedded default (or whatever PHASESPEC_* / --vllm-args configure)
 in this process, so every policy meets the same engine and the same machine
 drift: for each repetition and concurrency, the policies run one after the
-other in a rotated order. Each request reasons for ``--reasoning-budget``
-tokens (vLLM's thinking budget forces ``</think>``) and then answers for
+other in a random order drawn afresh for every repetition (seeded). Each
+request reasons for ``--reasoning-budget`` tokens (vLLM's thinking budget forces ``</think>``) and then answers for
 ``--answer-tokens``: the reasoning share of tokens is set by these two.
 Writes ``policies.csv``, ``cost_curve.csv``, ``cells.csv`` and ``policies.png``.
 """
@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import json
 import logging
+import random
 import sys
 import time
 from pathlib import Path
@@ -197,8 +198,11 @@ async def main_async(cfg: argparse.Namespace) -> Path:
             log(f"warm-up c={conc:<3} {policy.name:<9} {warm.tok_s:7.1f} tok/s (discarded)")
         await engine.drain_step_log()
         for rep, conc in itertools.product(range(cfg.reps), concurrencies):
-            shift = rep % len(policies)
-            for policy in policies[shift:] + policies[:shift]:
+            # A fresh order per repetition (seeded: reproducible). A rotation kept each
+            # policy's neighbours, and on a drifting machine neighbours share their speed:
+            # in run H adaptive / the policy before it was 1.007, against 5-10% four cells apart.
+            order = random.Random(f"{rep}-{conc}").sample(policies, len(policies))
+            for policy in order:
                 cell, cell_steps, _ = await run_cell(
                     engine,
                     board,
