@@ -6,8 +6,9 @@ Runs the embedded default (or whatever PHASESPEC_* / --vllm-args configure)
 in this process, so every policy meets the same engine and the same machine
 drift: for each repetition and concurrency, the policies run one after the
 other in a random order drawn afresh for every repetition (seeded). Each
-request reasons for ``--reasoning-budget`` tokens (vLLM's thinking budget forces ``</think>``) and then answers for
-``--answer-tokens``: the reasoning share of tokens is set by these two.
+request reasons for ``--reasoning-budget`` tokens (vLLM's thinking budget
+forces ``</think>``) and then answers for ``--answer-tokens``: the reasoning
+share of tokens is set by these two.
 Writes ``policies.csv``, ``cost_curve.csv``, ``cells.csv`` and ``policies.png``.
 """
 
