@@ -92,13 +92,28 @@ class PositionRates:
         return list(self.weight)
 
 
+Weights = tuple[float, float]
+"""The phase estimate's worth in a request's own observations: (acceptance, proposals)."""
+
+
+def phase_estimate(phase: PositionRates) -> tuple[list[float], list[float]]:
+    """(a, p): a[j] = P(drafts 1..j accepted | at least j proposed), p[j] = P(at least j proposed)."""
+    accepted = [c / max(q, 1e-12) for c, q in zip(phase.accepted_sum, phase.proposed_sum, strict=True)]
+    return accepted, phase.proposed()
+
+
 @dataclass(slots=True)
 class RequestRates:
     """One request's own history, shrunk towards its phase's live estimate.
 
-    Estimate at weight M: ``(M * phase + own sums) / (M + own weight)``, per
-    position. M is the phase estimate's worth in the request's own
-    observations; ``WeightChooser`` picks it from how well each M predicted.
+    Two rates per position, each shrunk with its own weight: whether the drafter
+    proposes (``(Mp * phase_p + own proposals) / (Mp + own observations)``) and
+    whether a proposed draft is accepted (``(Ma * phase_a + own accepted) /
+    (Ma + own proposals)``); c = a * p. Separate because they are different
+    things: ngram finding a match depends strongly on the request's text, how
+    often a match is right much less. The decision (engine/controller.py) goes
+    deeper exactly while a[j] is worth the price of a draft, so a is what must
+    not be overconfident. ``RequestWeights`` measures both weights.
     """
 
     phase: PositionRates
@@ -110,19 +125,14 @@ class RequestRates:
         return cls(phase, PositionRates.prior([0.0] * k, [0.0] * k, 0.0, keep))
 
     def estimate(
-        self, weight: float, phase: tuple[list[float], list[float]] | None = None
+        self, weights: Weights, phase: tuple[list[float], list[float]] | None = None
     ) -> tuple[list[float], list[float]]:
-        """(c, p) at ``weight``; ``phase`` is the phase's (c, p) when already computed (once per step)."""
-        phase_c, phase_p = phase or (self.phase.accepted(), self.phase.proposed())
-        own = self.own
-        return (
-            _shrunk(phase_c, own.accepted_sum, own.weight, weight),
-            _shrunk(phase_p, own.proposed_sum, own.weight, weight),
-        )
-
-
-def _shrunk(phase: Sequence[float], sums: Sequence[float], weights: Sequence[float], prior: float) -> list[float]:
-    return [(prior * e + s) / (prior + w) for e, s, w in zip(phase, sums, weights, strict=True)]
+        """(c, p) at ``weights``; ``phase`` is ``phase_estimate`` when already computed (once per step)."""
+        phase_a, phase_p = phase or phase_estimate(self.phase)
+        own, (m_a, m_p) = self.own, weights
+        p = [(m_p * e + s) / (m_p + w) for e, s, w in zip(phase_p, own.proposed_sum, own.weight, strict=True)]
+        a = [(m_a * e + s) / (m_a + w) for e, s, w in zip(phase_a, own.accepted_sum, own.proposed_sum, strict=True)]
+        return [x * y for x, y in zip(a, p, strict=True)], p
 
 
 @dataclass(slots=True)
@@ -130,13 +140,12 @@ class WeightChooser:
     """Which worth of the phase estimate predicts a phase's requests best, measured.
 
     Before every observation is counted, each candidate weight's estimate of
-    it is scored (squared error of "drafts 1..j accepted" and "proposed at
-    least j", summed over the positions observed; exponentially forgotten).
-    Requests that differ (one copies code, one reasons freely) favour a small
-    weight; requests that are alike, or own histories too short or too
-    correlated (a shadow draft overlaps the next one's positions) to say more
-    than their phase, favour a large one. A fixed guess picked drafts that a
-    request's lucky run promised and its next proposals did not keep.
+    it is scored (squared error, exponentially forgotten). Requests that differ
+    (one copies code, one reasons freely) favour a small weight; requests that
+    are alike, or own histories too short or too correlated (a shadow draft
+    overlaps the next one's positions) to say more than their phase, favour a
+    large one. A fixed guess picked drafts that a request's lucky run promised
+    and its next proposals did not keep.
     """
 
     weights: tuple[float, ...]
@@ -149,22 +158,21 @@ class WeightChooser:
     def __post_init__(self) -> None:
         self.errors = self.errors or [0.0] * len(self.weights)
 
-    def score(self, rates: RequestRates, observed: int, proposed: int, run: int) -> None:
-        phase, own, errors = rates.phase, rates.own, self.errors
+    def score(self, observations: Sequence[tuple[float, float, float, bool]]) -> None:
+        """Each observation: (phase rate, own hits, own weight, outcome), before it is counted."""
+        if not observations:
+            return
+        errors = self.errors
         for i in range(len(errors)):
             errors[i] *= self.keep
         self.samples = self.samples * self.keep + 1.0
         # Scalar loops, no lists: this runs for several proposals every engine step.
-        for j in range(min(observed, own.max_depth)):
-            w, a, p = own.weight[j], own.accepted_sum[j], own.proposed_sum[j]
-            if w == 0.0:
+        for rate, hits, weight, outcome in observations:
+            if weight == 0.0:
                 continue  # every weight predicts the phase's estimate: the same error for all
-            phase_c, phase_p = phase.accepted_sum[j] / phase.weight[j], phase.proposed_sum[j] / phase.weight[j]
-            hit_c, hit_p = float(j < run), float(j < proposed)
             for i, m in enumerate(self.weights):
-                dc = (m * phase_c + a) / (m + w) - hit_c
-                dp = (m * phase_p + p) / (m + w) - hit_p
-                errors[i] += dc * dc + dp * dp
+                d = (m * rate + hits) / (m + weight) - outcome
+                errors[i] += d * d
 
     def best(self) -> float:
         if self.samples < self.min_samples or not self.weights:
@@ -174,6 +182,41 @@ class WeightChooser:
     def as_dict(self) -> dict[str, Any]:
         mean = [round(e / self.samples, 4) if self.samples else None for e in self.errors]
         return {"weight": self.best(), "error_by_weight": dict(zip(map(str, self.weights), mean, strict=True))}
+
+
+@dataclass(slots=True)
+class RequestWeights:
+    """A phase's two measured weights (acceptance given a proposal, proposals)."""
+
+    accept: WeightChooser
+    propose: WeightChooser
+
+    def score(self, rates: RequestRates, observed: int, proposed: int, run: int) -> None:
+        phase, own = rates.phase, rates.own
+        n = min(observed, own.max_depth)
+        self.propose.score(
+            [
+                (phase.proposed_sum[j] / phase.weight[j], own.proposed_sum[j], own.weight[j], j < proposed)
+                for j in range(n)
+            ]
+        )
+        self.accept.score(
+            [
+                (
+                    phase.accepted_sum[j] / max(phase.proposed_sum[j], 1e-12),
+                    own.accepted_sum[j],
+                    own.proposed_sum[j],
+                    j < run,
+                )
+                for j in range(min(n, proposed))
+            ]
+        )
+
+    def best(self) -> Weights:
+        return self.accept.best(), self.propose.best()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"acceptance": self.accept.as_dict(), "proposals": self.propose.as_dict()}
 
 
 @dataclass(slots=True)

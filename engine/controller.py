@@ -25,7 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.acceptance import PositionRates, RequestRates, Resolved, WeightChooser
+from engine.acceptance import (
+    PositionRates,
+    RequestRates,
+    RequestWeights,
+    Resolved,
+    WeightChooser,
+    Weights,
+    phase_estimate,
+)
 from engine.cost_model import CostEstimate, StepCostModel
 
 
@@ -193,8 +201,8 @@ class StepPlan:
     """Let the drafter propose K after this step (shadow drafts for every position)."""
 
 
-_Prior = tuple[float, tuple[list[float], list[float]]]
-"""A phase's request weight and its (c, p) estimates."""
+_Prior = tuple[Weights, tuple[list[float], list[float]]]
+"""A phase's request weights and its (a, p) estimates."""
 
 
 @dataclass(slots=True)
@@ -224,7 +232,7 @@ class DepthController:
         self.rng = random.Random(self.settings.seed)
         self.cost = StepCostModel()
         self.phases: dict[str, PositionRates] = {}
-        self.weights: dict[str, WeightChooser] = {}
+        self.weights: dict[str, RequestWeights] = {}
         self.requests: dict[str, _Request] = {}
         self.window: dict[str, PhaseWindow] = {}
         self.by_verified: dict[int, VerifiedCounts] = {}
@@ -247,12 +255,15 @@ class DepthController:
             self.phases[phase] = rates
         return rates
 
-    def weight_chooser(self, phase: str) -> WeightChooser:
+    def weight_chooser(self, phase: str) -> RequestWeights:
         chooser = self.weights.get(phase)
         if chooser is None:
             s = self.settings
-            chooser = WeightChooser(s.request_weights, s.request_prior_weight, s.phase_keep, s.weight_samples)
-            self.weights[phase] = chooser
+
+            def one() -> WeightChooser:
+                return WeightChooser(s.request_weights, s.request_prior_weight, s.phase_keep, s.weight_samples)
+
+            chooser = self.weights[phase] = RequestWeights(one(), one())
         return chooser
 
     def track(self, engine_id: str, phase: str) -> None:
@@ -293,7 +304,7 @@ class DepthController:
         prior = priors.get(request.phase)
         if prior is None:
             phase = request.rates.phase
-            prior = (self.weight_chooser(request.phase).best(), (phase.accepted(), phase.proposed()))
+            prior = (self.weight_chooser(request.phase).best(), phase_estimate(phase))
             priors[request.phase] = prior
         accepted, proposed = request.rates.estimate(*prior)
         return Candidate(accepted, proposed, low, high)

@@ -38,7 +38,7 @@ def phase_lines(state: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
                 "tok_s": round(stats["tokens"] / seconds, 2) if seconds > 0 else None,
                 "steps_by_depth": steps,
                 "per_draft_ms": {batch: c["per_draft_ms"] for batch, c in cost.items()},
-                "request_weight": stats["request_weight"]["weight"],
+                "request_weight": {name: w["weight"] for name, w in stats["request_weight"].items()},
                 "emulation": (state.get("emulation") or {}).get("step_ms"),
             }
         )

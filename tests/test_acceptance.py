@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.acceptance import PositionRates, RequestRates, Resolved, ShadowBook, WeightChooser
+from engine.acceptance import PositionRates, RequestRates, RequestWeights, Resolved, ShadowBook, WeightChooser
 
 
 def test_cut_drafts_resolve_against_the_tokens_that_follow() -> None:
@@ -64,22 +64,29 @@ def test_position_rates_count_only_observed_positions_and_forget() -> None:
 def test_a_request_estimate_is_its_phase_shrunk_towards_by_its_own_history() -> None:
     phase = PositionRates.prior([0.5, 0.25], [1.0, 1.0], weight=10.0, keep=1.0)
     rates = RequestRates.start(phase, keep=1.0)
-    assert rates.estimate(8.0) == ([0.5, 0.25], [1.0, 1.0]), "no history: the phase's estimate"
+    assert rates.estimate((8.0, 8.0)) == ([0.5, 0.25], [1.0, 1.0]), "no history: the phase's estimate"
     rates.own.observe(observed=2, proposed=2, run=2)
     rates.own.observe(observed=2, proposed=2, run=2)
-    assert rates.estimate(8.0)[0] == pytest.approx([(4 + 2) / 10, (2 + 2) / 10])
-    assert rates.estimate(2.0)[0] == pytest.approx([(1 + 2) / 4, (0.5 + 2) / 4])
+    # Acceptance given a proposal: (8 x 0.5 + 2) / (8 + 2) and (8 x 0.25 + 2) / 10.
+    assert rates.estimate((8.0, 8.0))[0] == pytest.approx([0.6, 0.4])
+    assert rates.estimate((2.0, 8.0))[0] == pytest.approx([(1 + 2) / 4, (0.5 + 2) / 4])
+    # Its drafter stops finding matches: the proposal rate falls, acceptance given one does not.
+    rates.own.observe(observed=2, proposed=0, run=0)
+    rates.own.observe(observed=2, proposed=0, run=0)
+    accepted, proposed = rates.estimate((8.0, 2.0))
+    assert proposed == pytest.approx([(2 + 2) / 6] * 2)
+    assert accepted == pytest.approx([0.6 * 4 / 6, 0.4 * 4 / 6])
     phase.observe(observed=2, proposed=0, run=0)  # the phase moves: so does the request's prior
-    assert rates.estimate(8.0)[1][0] == pytest.approx((8 * 10 / 11 + 2) / 10)
+    assert rates.estimate((8.0, 8.0))[1][0] == pytest.approx((8 * 10 / 11 + 2) / 12)
 
 
-def _stream(chooser: WeightChooser, phase: PositionRates, per_request: list[float], rng: random.Random) -> None:
+def _stream(weights: RequestWeights, phase: PositionRates, per_request: list[float], rng: random.Random) -> None:
     """Requests of one phase, each accepting its first draft with its own probability."""
     for accept in per_request:
         rates = RequestRates.start(phase, keep=0.95)
         for _ in range(40):
             run = 1 if rng.random() < accept else 0
-            chooser.score(rates, 1, 1, run)
+            weights.score(rates, 1, 1, run)
             rates.own.observe(1, 1, run)
             phase.observe(1, 1, run)
 
@@ -96,7 +103,11 @@ def _stream(chooser: WeightChooser, phase: PositionRates, per_request: list[floa
 def test_the_weight_that_predicted_best_is_chosen(spread: tuple[float, float], expected: float) -> None:
     rng = random.Random(7)
     phase = PositionRates.prior([0.5], [1.0], weight=1.0, keep=0.995)
-    chooser = WeightChooser((2.0, 8.0, 32.0, 128.0, 512.0), default=8.0, keep=0.999, min_samples=100.0)
-    assert chooser.best() == 8.0, "nothing scored yet: the default"
-    _stream(chooser, phase, [rng.choice(spread) for _ in range(60)], rng)
-    assert chooser.best() == expected, chooser.as_dict()
+
+    def chooser() -> WeightChooser:
+        return WeightChooser((2.0, 8.0, 32.0, 128.0, 512.0), default=8.0, keep=0.999, min_samples=100.0)
+
+    weights = RequestWeights(chooser(), chooser())
+    assert weights.best() == (8.0, 8.0), "nothing scored yet: the default"
+    _stream(weights, phase, [rng.choice(spread) for _ in range(60)], rng)
+    assert weights.accept.best() == expected, weights.as_dict()

@@ -402,5 +402,5 @@ def test_alike_requests_lucky_runs_do_not_buy_drafts() -> None:
     quiet = {"seed": 14, "explore_share": 0.0, "settled_explore_share": 0.0, "warmup_steps": 0}
     measured, ctrl = _streak_steps(ControllerSettings(**quiet))
     trusting, _ = _streak_steps(ControllerSettings(**quiet, request_weights=(2.0,)))
-    assert ctrl.weight_chooser("reasoning").best() >= 128.0
+    assert ctrl.weight_chooser("reasoning").accept.best() >= 128.0
     assert trusting > 50 and measured < trusting / 10, (measured, trusting)

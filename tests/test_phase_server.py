@@ -182,7 +182,9 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     assert line["phase"] in {"reasoning", "answer"} and len(line["acceptance_by_position"]) == K
     assert line["tok_s"] > 0 and sum(line["steps_by_depth"]) > 0
     defaults = ControllerSettings()
-    assert line["request_weight"] in {*defaults.request_weights, defaults.request_prior_weight}
+    allowed = {*defaults.request_weights, defaults.request_prior_weight}
+    assert set(line["request_weight"]) == {"acceptance", "proposals"}
+    assert set(line["request_weight"].values()) <= allowed, line["request_weight"]
     metrics = httpx.get(f"{base_url}/metrics").text
     assert 'phasespec_acceptance_by_position{phase="reasoning",position="1"}' in metrics
     assert "phasespec_depth_steps_total{" in metrics
