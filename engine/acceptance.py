@@ -130,9 +130,14 @@ class RequestRates:
         """(c, p) at ``weights``; ``phase`` is ``phase_estimate`` when already computed (once per step)."""
         phase_a, phase_p = phase or phase_estimate(self.phase)
         own, (m_a, m_p) = self.own, weights
-        p = [(m_p * e + s) / (m_p + w) for e, s, w in zip(phase_p, own.proposed_sum, own.weight, strict=True)]
-        a = [(m_a * e + s) / (m_a + w) for e, s, w in zip(phase_a, own.accepted_sum, own.proposed_sum, strict=True)]
-        return [x * y for x, y in zip(a, p, strict=True)], p
+        c, p = [], []
+        for e_a, e_p, hits, drafts, seen in zip(
+            phase_a, phase_p, own.accepted_sum, own.proposed_sum, own.weight, strict=True
+        ):
+            p_j = (m_p * e_p + drafts) / (m_p + seen)
+            p.append(p_j)
+            c.append(p_j * (m_a * e_a + hits) / (m_a + drafts))
+        return c, p
 
 
 @dataclass(slots=True)
