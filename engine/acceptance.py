@@ -96,6 +96,11 @@ Weights = tuple[float, float]
 """The phase estimate's worth in a request's own observations: (acceptance, proposals)."""
 
 
+def shrink(prior_weight: float, prior: float, hits: float, seen: float) -> float:
+    """A rate from ``hits`` in ``seen`` own observations and ``prior`` worth ``prior_weight`` of them."""
+    return (prior_weight * prior + hits) / (prior_weight + seen)
+
+
 def phase_estimate(phase: PositionRates) -> tuple[list[float], list[float]]:
     """(a, p): a[j] = P(drafts 1..j accepted | at least j proposed), p[j] = P(at least j proposed)."""
     accepted = [c / max(q, 1e-12) for c, q in zip(phase.accepted_sum, phase.proposed_sum, strict=True)]
@@ -134,9 +139,9 @@ class RequestRates:
         for e_a, e_p, hits, drafts, seen in zip(
             phase_a, phase_p, own.accepted_sum, own.proposed_sum, own.weight, strict=True
         ):
-            p_j = (m_p * e_p + drafts) / (m_p + seen)
+            p_j = shrink(m_p, e_p, drafts, seen)
             p.append(p_j)
-            c.append(p_j * (m_a * e_a + hits) / (m_a + drafts))
+            c.append(p_j * shrink(m_a, e_a, hits, drafts))
         return c, p
 
 
@@ -171,12 +176,12 @@ class WeightChooser:
         for i in range(len(errors)):
             errors[i] *= self.keep
         self.samples = self.samples * self.keep + 1.0
-        # Scalar loops, no lists: this runs for several proposals every engine step.
+        # Scalars, no lists: this runs for several proposals every engine step.
         for rate, hits, weight, outcome in observations:
             if weight == 0.0:
                 continue  # every weight predicts the phase's estimate: the same error for all
             for i, m in enumerate(self.weights):
-                d = (m * rate + hits) / (m + weight) - outcome
+                d = shrink(m, rate, hits, weight) - outcome
                 errors[i] += d * d
 
     def best(self) -> float:
@@ -197,25 +202,16 @@ class RequestWeights:
     propose: WeightChooser
 
     def score(self, rates: RequestRates, observed: int, proposed: int, run: int) -> None:
-        phase, own = rates.phase, rates.own
+        (phase_a, phase_p), own = phase_estimate(rates.phase), rates.own
         n = min(observed, own.max_depth)
-        self.propose.score(
-            [
-                (phase.proposed_sum[j] / phase.weight[j], own.proposed_sum[j], own.weight[j], j < proposed)
-                for j in range(n)
-            ]
-        )
+        self.propose.score([(phase_p[j], own.proposed_sum[j], own.weight[j], j < proposed) for j in range(n)])
         self.accept.score(
-            [
-                (
-                    phase.accepted_sum[j] / max(phase.proposed_sum[j], 1e-12),
-                    own.accepted_sum[j],
-                    own.proposed_sum[j],
-                    j < run,
-                )
-                for j in range(min(n, proposed))
-            ]
+            [(phase_a[j], own.accepted_sum[j], own.proposed_sum[j], j < run) for j in range(min(n, proposed))]
         )
+
+    @classmethod
+    def new(cls, weights: tuple[float, ...], default: float, keep: float, min_samples: float) -> RequestWeights:
+        return cls(*(WeightChooser(weights, default, keep, min_samples) for _ in range(2)))
 
     def best(self) -> Weights:
         return self.accept.best(), self.propose.best()

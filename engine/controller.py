@@ -30,7 +30,6 @@ from engine.acceptance import (
     RequestRates,
     RequestWeights,
     Resolved,
-    WeightChooser,
     Weights,
     phase_estimate,
 )
@@ -259,11 +258,8 @@ class DepthController:
         chooser = self.weights.get(phase)
         if chooser is None:
             s = self.settings
-
-            def one() -> WeightChooser:
-                return WeightChooser(s.request_weights, s.request_prior_weight, s.phase_keep, s.weight_samples)
-
-            chooser = self.weights[phase] = RequestWeights(one(), one())
+            chooser = RequestWeights.new(s.request_weights, s.request_prior_weight, s.phase_keep, s.weight_samples)
+            self.weights[phase] = chooser
         return chooser
 
     def track(self, engine_id: str, phase: str) -> None:
