@@ -11,6 +11,7 @@ unchanged, so a ``vllm serve MODEL ...`` launch line becomes
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -50,7 +51,11 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     cache_dir: Path = Path("~/.cache/phasespec").expanduser()
-    """Where the embedded default model is prepared."""
+    """Where the embedded default model (and its self-draft) is prepared."""
+    drafter: Literal["ngram", "self-draft"] = "ngram"
+    """The embedded model's drafter: vLLM's ngram (proposes only where the text repeats; cheap) or
+    self-draft (a 4-bit copy of the model through vLLM's draft_model method: proposes every step,
+    costs a forward per draft). Your own model takes a ``--speculative-config`` instead."""
     kv_cache_gib: float = Field(default=2.0, gt=0)
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE), unless that is set."""
     default_thinking_budget: int | None = Field(default=None, ge=1)
@@ -146,3 +151,19 @@ class Settings(BaseSettings):
     @property
     def uses_embedded_model(self) -> bool:
         return not self.model
+
+    @classmethod
+    def from_command_line(cls, argv: list[str]) -> Settings:
+        """The settings the ``phasespec`` command runs with.
+
+        With CLI parsing on, pydantic-settings takes ``vllm_args`` from the command
+        line alone (an empty list when it has no vLLM flags), so ``PHASESPEC_VLLM_ARGS``
+        would be dropped: it is put first here, and flags on the command line, which
+        come after it, win (a later vLLM flag overrides an earlier one).
+        """
+        settings = cls(_cli_parse_args=argv)  # type: ignore[call-arg]
+        from_env = cls._vllm_args_from_json(os.environ.get("PHASESPEC_VLLM_ARGS", "[]"))
+        if not isinstance(from_env, list) or not all(isinstance(arg, str) for arg in from_env):
+            raise ValueError("PHASESPEC_VLLM_ARGS must be a JSON list of strings")
+        settings.vllm_args = [*from_env, *settings.vllm_args]
+        return settings

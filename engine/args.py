@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from config import Settings
@@ -42,14 +43,23 @@ class SettingsError(ValueError):
     """A setting or passed-through vLLM flag that cannot work."""
 
 
-def embedded_engine_flags() -> list[str]:
+def embedded_speculative_config(drafter: str, cache_dir: Path) -> dict[str, Any]:
+    if drafter == "self-draft":
+        from engine.self_draft import ensure_self_draft
+
+        draft = ensure_self_draft(cache_dir)
+        return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    return EMBEDDED_SPECULATIVE_CONFIG
+
+
+def embedded_engine_flags(speculative_config: dict[str, Any] = EMBEDDED_SPECULATIVE_CONFIG) -> list[str]:
     return [
         "--enforce-eager",
         # float32: greedy outputs do not depend on how many tokens a step verifies
         # (bf16 logits shift with the batch shape and flip near-ties).
         "--dtype", "float32",
         "--max-model-len", "2048",
-        "--speculative-config", json.dumps(EMBEDDED_SPECULATIVE_CONFIG),
+        "--speculative-config", json.dumps(speculative_config),
         "--reasoning-parser", "deepseek_r1",
         "--reasoning-config", json.dumps({"reasoning_end_str": EMBEDDED_REASONING_END}),
         "--enable-auto-tool-choice",
@@ -76,7 +86,13 @@ def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
             raise SettingsError(f"{name} is a phasespec setting: use {_OWNED_FLAGS[name]}")
     if settings.uses_embedded_model:
         model = str(ensure_default_model(settings.engine.cache_dir))
-        argv = ["--model", model, *embedded_engine_flags()]
+        speculative = embedded_speculative_config(settings.engine.drafter, settings.engine.cache_dir)
+        argv = ["--model", model, *embedded_engine_flags(speculative)]
+    elif settings.engine.drafter != "ngram":
+        raise SettingsError(
+            f"--engine.drafter {settings.engine.drafter} builds a drafter for the embedded model only; "
+            "give your model's drafter with --speculative-config"
+        )
     else:
         argv = ["--model", settings.model]
     try:

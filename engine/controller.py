@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.acceptance import (
@@ -350,20 +350,6 @@ class DepthController:
             if p.adaptive:
                 depths[p.engine_id] = self.requests[p.engine_id].depth = d
         return StepPlan(depths, False, None, full_draft)
-
-    def decide(self, engine_id: str, phase: str, cap: int, batch: int) -> int:
-        """One request's best depth now, no random step (the depth it will hold)."""
-        self.track(engine_id, phase)
-        request = self.requests[engine_id]
-        candidate = self._candidate(request, 0, cap, {})
-        cost = self.cost.estimate(batch)
-        if cost is not None and batch > 1:
-            # Decided alone, the request bears only its share of the step's base:
-            # against the whole batch's base a draft would look `batch` times cheaper.
-            cost = replace(cost, base_s=cost.base_s / batch)
-        (depth,), _ = best_depths([candidate], cost)
-        request.depth = depth
-        return depth
 
     def _explore_share(self, batch: int, cost: CostEstimate | None) -> float:
         """How often to take a random step at this batch size.

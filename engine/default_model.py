@@ -98,7 +98,7 @@ def ensure_default_model(cache_dir: Path) -> Path:
     target = cache_dir / MODEL_NAME
     if is_complete(target):
         return target
-    _log(f"preparing the embedded default model in {target} (first start only)")
+    log_step(f"preparing the embedded default model in {target} (first start only)")
     staging = cache_dir / f".{MODEL_NAME}.building"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -106,7 +106,7 @@ def ensure_default_model(cache_dir: Path) -> Path:
     (staging / _MARKER).write_text(BUILD_VERSION)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
-    _log("embedded default model ready")
+    log_step("embedded default model ready")
     return target
 
 
@@ -116,17 +116,17 @@ def _build(out: Path) -> None:
 
     source = gguf_path()
     folder, name = str(source.parent), source.name
-    _log("step 1/3: dequantizing GGUF weights")
+    log_step("step 1/3: dequantizing GGUF weights")
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     config.dtype = torch.float32
     # save_pretrained refuses a GGUF-quantized model: rebuild a plain one.
     plain = LlamaForCausalLM(config)
     plain.load_state_dict(quantized.state_dict())
-    _log("step 2/3: writing safetensors")
+    log_step("step 2/3: writing safetensors")
     plain.save_pretrained(out, safe_serialization=True)
     plain.generation_config.save_pretrained(out)
-    _log("step 3/3: writing tokenizer and chat template")
+    log_step("step 3/3: writing tokenizer and chat template")
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tokenizer.save_pretrained(out)
     _rename_tokens(out)
@@ -169,5 +169,5 @@ def _renamed_json(value: object) -> str:
     return json.dumps(walk(value), indent=2, ensure_ascii=False)
 
 
-def _log(message: str) -> None:
+def log_step(message: str) -> None:
     print(f"[phasespec] {message}", file=sys.stderr, flush=True)

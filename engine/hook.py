@@ -57,6 +57,25 @@ def hook_options(vllm_config: Any) -> dict[str, Any]:
     return dict(extra.get(EXTRA_KEY) or {}) if isinstance(extra, dict) else {}
 
 
+class OwnTime:
+    """CPU time the hook adds to each engine step: its ``schedule`` and ``update_from_output``
+    overrides minus vLLM's own work inside them (the small callbacks vLLM makes from inside,
+    ``_update_after_schedule`` and ``make_spec_decoding_stats``, count as vLLM's)."""
+
+    __slots__ = ("seconds", "steps")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.steps = 0
+
+    def add(self, seconds: float, step_done: bool = False) -> None:
+        self.seconds += seconds
+        self.steps += step_done
+
+    def us_per_step(self) -> float | None:
+        return round(1e6 * self.seconds / self.steps, 1) if self.steps else None
+
+
 class DepthScheduler(Scheduler):
     """vLLM's scheduler, verifying at most each request's own depth of drafts."""
 
@@ -87,6 +106,21 @@ class DepthScheduler(Scheduler):
         self._inflight: dict[int, tuple[float, StepPlan | None]] = {}
         self._last_update = 0.0
         self._plan: StepPlan | None = None
+        self.own_time = OwnTime()
+
+    def describe(self) -> dict[str, Any]:
+        """Which path this engine takes: for ``/phasespec/state`` and the startup log."""
+        compilation = self.vllm_config.compilation_config
+        mode = getattr(compilation, "cudagraph_mode", None)
+        return {
+            "scheduler": "async" if isinstance(self, AsyncScheduler) else "sync",
+            "shadow_drafts": self._shadow,
+            "lowers_batch_k": self._lower_batch_k,
+            "cudagraph_mode": getattr(mode, "name", None) if mode is not None else None,
+            "hook_us_per_step": self.own_time.us_per_step(),
+            "hook_cpu_s": self.own_time.seconds,
+            "hook_steps": self.own_time.steps,
+        }
 
     def add_request(self, request: Request) -> None:
         params = request.sampling_params
@@ -114,14 +148,18 @@ class DepthScheduler(Scheduler):
                 continue
             if self._shadow:
                 proposals[request.request_id] = request.spec_token_ids
-            if len(request.spec_token_ids) > ledger.depth:
+            depth = ledger.verified_depth
+            if len(request.spec_token_ids) > depth:
                 # A new list: under async scheduling the placeholders are shared.
-                request.spec_token_ids = request.spec_token_ids[: ledger.depth]
+                request.spec_token_ids = request.spec_token_ids[:depth]
         limit = self._draft_limit  # what the drafter was allowed when it proposed these
+        base_started = time.perf_counter()
         output = super().schedule(*args, **kwargs)
+        base_s = time.perf_counter() - base_started
         self._inflight[id(output)] = (started, self._plan)
         if proposals:
             self._book_proposals(output, proposals, limit)
+        self.own_time.add(time.perf_counter() - started - base_s)
         return output
 
     def _plan_depths(self) -> StepPlan | None:
@@ -130,17 +168,12 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(request.request_id)
             if ledger is None:
                 continue
-            if not ledger.adaptive:
-                batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
-            elif self._near_thinking_budget(request, ledger.phase):
-                if ledger.held is None:  # entering the window: decide once, then hold
-                    ledger.held = self.controller.decide(
-                        request.request_id, ledger.phase, ledger.cap, len(self.running)
-                    )
-                ledger.depth = ledger.held
+            ledger.budget_hold = self._near_thinking_budget(request, ledger.phase)
+            if ledger.budget_hold:
+                batch.append(Planned(request.request_id, ledger.phase, 0, False))
+            elif not ledger.adaptive:
                 batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
             else:
-                ledger.held = None
                 # Under sync scheduling the drafts for this step are already
                 # here; under async they are placeholders, not yet drafted.
                 proposed = len(request.spec_token_ids) if self._shadow else None
@@ -160,21 +193,25 @@ class DepthScheduler(Scheduler):
         return plan
 
     def _near_thinking_budget(self, request: Request, phase: str) -> bool:
-        """Hold the depth still close to a thinking budget.
+        """Verify no drafts close to a thinking budget, whatever the policy.
 
-        vLLM 0.32's thinking-budget countdown under speculative decoding
-        (v1/sample/thinking_budget_state.py) depends on how many drafts each
-        step verifies: raising the depth within about 3(K+1) tokens of the
-        budget moves the forced end of thinking by a few tokens (measured on
-        the embedded model; fixed depths and lowering are exact). So an
-        adaptive request holds its depth from 4(K+1) output tokens before its
-        budget until the front end reports the end of reasoning (a depth decided
-        on entering that window, never a random step's). Lowering is not safe
-        either (3->2 moved it too), so the depth does not move at all there.
+        vLLM's thinking-budget forcing under speculative decoding
+        (v1/sample/thinking_budget_state.py, ``_update_think_state``) forces one
+        position per step: where drafts already match the end string it only
+        counts them, so the target may reject such a draft and emit its own
+        token inside the forced string ("Okay, here done thinking." for "Okay,
+        I am done thinking." on the embedded model, plain vLLM 0.32 with a
+        draft model at K=3), and where it triggers depends on how many drafts the
+        step verifies (``think_count + len(spec) + 1 > budget``). A step without
+        drafts takes the same path as an engine without speculation. So every
+        request verifies no drafts from 4(K+1) output tokens before its budget
+        (covering the early trigger and async scheduling's one-step lag) until
+        the front end reports the end of reasoning: greedy output is then the
+        same at every depth, and the forced string is the one configured.
         """
         params = request.sampling_params
         budget = params.thinking_token_budget if params is not None else None
-        if budget is None or phase in ANSWER_PHASES:
+        if budget is None or budget < 0 or phase in ANSWER_PHASES:
             return False
         return request.num_output_tokens >= budget - 4 * (self.num_spec_tokens + 1)
 
@@ -192,6 +229,7 @@ class DepthScheduler(Scheduler):
             book.propose(request.num_output_tokens, drafts, limit, verified, ledger.phase)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> Any:
+        own_started = time.perf_counter()
         started, plan = self._inflight.pop(id(scheduler_output), (None, None))
         spec = scheduler_output.scheduled_spec_decode_tokens
         scheduled = scheduler_output.num_scheduled_tokens
@@ -203,7 +241,9 @@ class DepthScheduler(Scheduler):
                 self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
                 self.controller.step_done(len(scheduled), drafted, elapsed, plan)
         before = {rid: self.requests.get(rid) for rid in scheduled}
+        base_started = time.perf_counter()
         result = super().update_from_output(scheduler_output, model_runner_output)
+        base_s = time.perf_counter() - base_started
         for engine_id, request in before.items():
             ledger = self.spec_ledger.get(engine_id)
             if request is None or ledger is None or scheduled[engine_id] != 1 + len(spec.get(engine_id, ())):
@@ -215,6 +255,7 @@ class DepthScheduler(Scheduler):
             ledger.tokens_seen = request.num_output_tokens
             self.controller.count(ledger.phase, ledger.depth, new_tokens)
         self._last_update = time.perf_counter()
+        self.own_time.add(self._last_update - own_started - base_s, step_done=True)
         return result
 
     def _step_seconds(self, started: float, tokens: int) -> float | None:
@@ -235,6 +276,7 @@ class DepthScheduler(Scheduler):
             target = self.emulation.target_s(tokens)
             if elapsed < target:
                 time.sleep(target - elapsed)
+                self.own_time.seconds -= target - elapsed  # emulated device time, not the hook's
                 self.pads.padded += 1
                 elapsed = target
             else:
@@ -321,9 +363,10 @@ def _pop_stats(self: EngineCore, group: str) -> dict[str, Any] | None:
     return _ledger(self).pop(group)
 
 
-def _hook_state(self: EngineCore) -> dict[str, int]:
+def _hook_state(self: EngineCore) -> dict[str, Any]:
     running, waiting = self.scheduler.get_request_counts()
-    return {**_ledger(self).sizes(), "running": running, "waiting": waiting}
+    scheduler: DepthScheduler = self.scheduler  # type: ignore[assignment]
+    return {**_ledger(self).sizes(), "running": running, "waiting": waiting, **scheduler.describe()}
 
 
 def _drain_steps(self: EngineCore) -> list[tuple[int, int, int, float]]:

@@ -84,11 +84,11 @@ class RequestLedger:
     max_depth: int
     adaptive: bool = False
     cap: int = 0
+    """The depth set from the front end: a static request's depth, an adaptive one's cap."""
     decided: int = 0
     """Adaptive: the controller's last decided depth (random steps aside)."""
-    held: int | None = None
-    """Adaptive: the depth held close to the thinking budget (engine/hook.py)."""
-    """Adaptive: the largest depth the controller may choose."""
+    budget_hold: bool = False
+    """Close to its thinking budget: verifies no drafts, whatever the depth (engine/hook.py)."""
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
     depth_log: list[tuple[int, int, str]] = field(default_factory=list)
     """(engine step, depth or cap, phase) at submission and at every change from the front end."""
@@ -100,6 +100,11 @@ class RequestLedger:
     tokens_seen: int = 0
     trace: list[tuple[int, int, int, str]] | None = None
     """(engine step, drafted, accepted, phase) per verify step, when asked for."""
+
+    @property
+    def verified_depth(self) -> int:
+        """The drafts the next step may verify."""
+        return 0 if self.budget_hold else self.depth
 
     def observe(self, step: int, drafted: int, accepted: int) -> None:
         counters = self.phases.get(self.phase)
@@ -175,7 +180,7 @@ class SpecLedger:
 
     def depth_of(self, engine_id: str) -> int | None:
         ledger = self._live.get(engine_id)
-        return ledger.depth if ledger is not None else None
+        return ledger.verified_depth if ledger is not None else None
 
     def get(self, engine_id: str) -> RequestLedger | None:
         return self._live.get(engine_id)

@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--policies",
         default="all",
-        help="'all' (every map, then adaptive) or e.g. '0:0,1:2,adaptive' (reasoning:answer)",
+        help="'all' (every map, then adaptive) or e.g. '0:0,1:2,adaptive,3:3=aa' (reasoning:answer; "
+        "'=NAME' runs a static policy a second time under another name: the A/A control)",
     )
     parser.add_argument(
         "--emulate",
@@ -82,10 +83,11 @@ def parse_policies(text: str, max_depth: int) -> list[Policy]:
         if item == "adaptive":
             policies.append(adaptive)
             continue
-        reasoning, answer = (int(x) for x in item.split(":"))
+        depths, _, twin = item.partition("=")
+        reasoning, answer = (int(x) for x in depths.split(":"))
         if not (0 <= reasoning <= max_depth and 0 <= answer <= max_depth):
             raise SystemExit(f"policy {item}: depths must be in 0..{max_depth}")
-        policies.append(Policy(reasoning, answer))
+        policies.append(Policy(reasoning, answer, twin=twin))
     return policies
 
 
@@ -136,9 +138,14 @@ async def run_cell(
 
     await engine.drain_step_log()
     await engine.controller_state(reset_window=True)
+    hook_before = await engine.spec_hook_state()
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     cell.wall_s = time.perf_counter() - start
+    hook_after = await engine.spec_hook_state()
+    hook_steps = hook_after["hook_steps"] - hook_before["hook_steps"]
+    if hook_steps:
+        cell.hook_us_per_step = 1e6 * (hook_after["hook_cpu_s"] - hook_before["hook_cpu_s"]) / hook_steps
     cell.tokens = sum(len(o) for o in outputs)
     if reference is not None:
         cell.matches_uncapped = sum(outputs[i] == reference.get(i) for i in range(len(prompts)))
@@ -234,6 +241,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 "tok_s": round(c.tok_s, 2),
                 "wall_s": round(c.wall_s, 3),
                 "tokens": c.tokens,
+                "hook_us_per_step": None if c.hook_us_per_step is None else round(c.hook_us_per_step, 1),
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),
             }
@@ -266,6 +274,7 @@ SUMMARY_COLUMNS = [
     ("vs_best_fixed_overall", "vs best fixed all", 17),
     ("vs_best_static_here", "vs best static here", 19),
     ("vs_user_map", "vs map-1-2", 10),
+    ("vs_twin", "A/A", 6),
     ("reasoning_acceptance", "acc R", 6),
     ("answer_acceptance", "acc A", 6),
     ("outputs_match_uncapped", "match", 6),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,13 @@ class Policy:
     answer: int
     adaptive: bool = False
     """Adaptive: reasoning and answer are caps; the engine's controller chooses."""
+    twin: str = ""
+    """A/A control: the same static policy under a second name, kept out of every "best"."""
 
     @property
     def name(self) -> str:
+        if self.twin:
+            return f"{replace(self, twin='').name}-{self.twin}"
         if self.adaptive:
             return "adaptive"
         if self.reasoning == self.answer:
@@ -34,7 +38,7 @@ class Policy:
 
     @property
     def fixed(self) -> bool:
-        return self.reasoning == self.answer and not self.adaptive
+        return self.reasoning == self.answer and not self.adaptive and not self.twin
 
     def sort_key(self) -> tuple[bool, int, int]:
         return (self.adaptive, self.reasoning, self.answer)
@@ -61,6 +65,8 @@ class Cell:
     """Adaptive cells: engine steps at each depth, per phase (the controller's choices)."""
     decisions: list[dict[str, Any]] = field(default_factory=list)
     """Adaptive cells: per request, its depth changes and the estimates behind them."""
+    hook_us_per_step: float | None = None
+    """CPU time the depth hook added per engine step (engine/hook.py OwnTime)."""
 
     @property
     def tok_s(self) -> float:
@@ -107,7 +113,7 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
         if fixed
         else None
     )
-    static = {key: v for key, v in mean_tok_s.items() if not key[1].adaptive}
+    static = {key: v for key, v in mean_tok_s.items() if not key[1].adaptive and not key[1].twin}
     best_static_at = {conc: max((v, p) for (c, p), v in static.items() if c == conc) for conc, _ in static}
     rows = []
     for (conc, policy), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1].sort_key())):
@@ -133,6 +139,7 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
             "vs_best_static_here": _ratio(tok_s, best_static_at.get(conc, (None,))[0]),
             "best_static_here": best_static_at[conc][1].name if conc in best_static_at else None,
             "vs_user_map": _ratio(tok_s, mean_tok_s.get((conc, USER_MAP))),
+            "vs_twin": _ratio(tok_s, mean_tok_s.get((conc, replace(policy, twin="")))) if policy.twin else None,
             "outputs_match_uncapped": _matches(group),
             "chosen_depths": _chosen(group),
         }

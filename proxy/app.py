@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # once its state (engine, OpenAI handlers) exists.
         async with open_engine(args, defaults, options) as engine:
             max_depth = engine.max_spec_depth
+            warn_spec_limits(engine)
             attach_observers(engine, args, settings, board)
             tasks = await engine.get_supported_tasks()
             await init_app_state(engine, vllm_app.state, args, tasks)
@@ -94,6 +95,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(state_router)
     app.mount("/", vllm_app)
     return app
+
+
+def warn_spec_limits(engine: PhasespecLLM) -> None:
+    """Say at startup what per-request depth cannot do on this engine."""
+    if engine.max_spec_depth == 0:
+        log.warning(
+            "no speculative decoding (K = 0): phasespec serves as plain vLLM and sets no depths; "
+            "give a --speculative-config to use it"
+        )
+        return
+    mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)
+    if getattr(mode, "name", None) == "FULL_DECODE_ONLY":
+        # vLLM captures FULL graphs for uniform decode batches of exactly 1 + K tokens per
+        # request (v1/worker/gpu_model_runner.py, _is_uniform_decode); FULL_DECODE_ONLY has no
+        # graphs for other batches, so they run eagerly.
+        log.warning(
+            "cudagraph_mode FULL_DECODE_ONLY: a step where any request verifies fewer than K drafts "
+            "runs without CUDA graphs (vLLM graphs only decode batches of 1 + K tokens per request); "
+            "FULL_AND_PIECEWISE keeps piecewise graphs for those steps"
+        )
 
 
 async def watch_engine(engine: PhasespecLLM, app: FastAPI, interval_s: float = 1.0) -> None:

@@ -18,7 +18,10 @@ def main(argv: list[str] | None = None) -> None:
 
         vllm_parser().print_help()
         return
-    settings = Settings(_cli_parse_args=argv)  # type: ignore[call-arg]
+    try:
+        settings = Settings.from_command_line(argv)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        sys.exit(f"phasespec: invalid settings: {exc}")
     from proxy.logs import configure_logging
 
     log_config = configure_logging(settings.server.log_level)  # before vLLM is imported

@@ -219,23 +219,6 @@ def test_a_near_tie_keeps_the_previous_depth() -> None:
     assert settle([near], chosen, [None], rate, est, 0.5) == [2], "no previous depth: the best one"
 
 
-def test_a_held_depth_decided_in_a_batch_matches_the_batch_decision() -> None:
-    """decide() (the depth held near a thinking budget) prices a draft as the batch does:
-    against the whole batch's base cost one request's draft would look 16 times cheaper."""
-    rng = random.Random(11)
-    ctrl = DepthController(K, ControllerSettings(seed=12, explore_share=0.0, warmup_steps=0))
-    for z in (0, 8, 16, 24) * 40:  # batch 16: 40 ms + 2 ms per draft, as measured here
-        ctrl.cost.observe(16, z, 0.040 + 0.002 * z, float(z))
-    for _ in range(400):  # reasoning drafts accepted half the time: not worth 2 ms at batch 16
-        run = next((j for j in range(K) if rng.random() >= 0.5), K)
-        ctrl.observe("other", Resolved(K, K, run, K, "reasoning"))
-    batch = [Planned(f"r{i}", "reasoning", K, True) for i in range(16)]
-    planned = ctrl.plan(batch).depths
-    assert set(planned.values()) == {0}
-    assert ctrl.decide("r0", "reasoning", K, 16) == 0
-    assert ctrl.decide("r1", "reasoning", K, 1) == 3, "alone, the same request's drafts pay"
-
-
 def test_the_slope_comes_with_a_standard_error_that_matches_its_scatter() -> None:
     """The IV standard error is what the controller's exploration rests on: over many
     independent runs it must match the estimates' actual scatter (within 30%)."""

@@ -17,6 +17,8 @@ from tests.engine_fixture import engine_context, probe_shadow_acceptance, run
 
 K = 3
 N_PROMPTS = 10
+NO_BUDGET = 10_000
+"""A thinking budget out of reach: close to one the hook verifies no drafts (engine/hook.py)."""
 SHADOW_TOLERANCE = 0.05
 """The issue's bound on |shadow acceptance at depth-1 steps - verified acceptance at depth-K steps|;
 the test widens it to 4 standard errors of its sample (load/shadow_check.py measures it on a large one)."""
@@ -89,7 +91,12 @@ async def test_depth_zero_verifies_no_drafts(engine: PhasespecLLM) -> None:
 async def test_lowering_depth_lands_at_the_next_step(engine: PhasespecLLM) -> None:
     rid = "lower"
     result = await run(
-        engine, copy_prompt(1), rid, SpecRequest(depth=K, trace=True), on_tokens=switch_after(engine, rid, 8, 1)
+        engine,
+        copy_prompt(1),
+        rid,
+        SpecRequest(depth=K, trace=True),
+        thinking_budget=NO_BUDGET,
+        on_tokens=switch_after(engine, rid, 8, 1),
     )
     final = result.spec.final
     assert final is not None
@@ -106,7 +113,12 @@ async def test_lowering_depth_lands_at_the_next_step(engine: PhasespecLLM) -> No
 async def test_raising_depth_lands_within_one_step(engine: PhasespecLLM) -> None:
     rid = "raise"
     result = await run(
-        engine, copy_prompt(2), rid, SpecRequest(depth=1, trace=True), on_tokens=switch_after(engine, rid, 8, K)
+        engine,
+        copy_prompt(2),
+        rid,
+        SpecRequest(depth=1, trace=True),
+        thinking_budget=NO_BUDGET,
+        on_tokens=switch_after(engine, rid, 8, K),
     )
     final = result.spec.final
     assert final is not None
@@ -124,7 +136,7 @@ async def test_mixed_depths_share_one_batch(engine: PhasespecLLM) -> None:
     depths = [0, 1, 2, 3]
     runs = await asyncio.gather(
         *(
-            run(engine, copy_prompt(i), f"mixed-{d}", SpecRequest(depth=d, trace=True), max_tokens=64)
+            run(engine, copy_prompt(i), f"mixed-{d}", SpecRequest(depth=d, trace=True), 64, NO_BUDGET)
             for i, d in enumerate(depths)
         )
     )
@@ -187,12 +199,13 @@ async def test_counters_are_freed_after_finish_and_abort(engine: PhasespecLLM) -
                 break  # closing the generator aborts the request
 
     await abandon()
+    held = ("live", "groups", "finishing", "finished_unread", "running", "waiting")
     for _ in range(50):
         state = await engine.spec_hook_state()
-        if not any(state.values()):
+        if not any(state[key] for key in held):
             break
         await asyncio.sleep(0.1)
-    assert state == {"live": 0, "groups": 0, "finishing": 0, "finished_unread": 0, "running": 0, "waiting": 0}
+    assert {key: state[key] for key in held} == dict.fromkeys(held, 0)
     assert engine.output_processor.get_num_unfinished_requests() == 0
 
 
@@ -224,7 +237,7 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
         )
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
         finals.append(adaptive.spec.final)
-    # Decided steps come before the hold near the thinking budget (40: held from token 24 on).
+    # Decided steps come before the window near the thinking budget (40: no drafts from token 24 on).
     assert all(f is not None for f in finals) and sum(1 for f in finals if f and f["decisions_total"]) >= N_PROMPTS // 2
     assert sum(f["explored_steps"] for f in finals if f) > 0
     drafted_counts = {
@@ -233,8 +246,15 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
     assert len(drafted_counts) >= 2, "the controller verified more than one depth"
 
 
+async def skip_without_shadow_drafts(engine: PhasespecLLM) -> None:
+    state = await engine.spec_hook_state()
+    if not state["shadow_drafts"]:
+        pytest.skip(f"{state['scheduler']} scheduling: the drafts stay in the worker, no shadow drafts")
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_shadow_drafts_agree_with_verification_on_every_verified_step(engine: PhasespecLLM) -> None:
+    await skip_without_shadow_drafts(engine)
     await engine.controller_state(reset_window=True)
     before = await engine.controller_state()
     # Fixed depths K and 1 verify on every step with drafts (1 cuts the rest, which are matched
@@ -242,7 +262,7 @@ async def test_shadow_drafts_agree_with_verification_on_every_verified_step(engi
     # depth 0 (six adaptive requests alone gave 6 checked steps in a vLLM 0.27.1 compat run).
     kinds = [{"depth": K}, {"depth": 1}, {"depth": K, "adaptive": True}]
     await asyncio.gather(
-        *(run(engine, copy_prompt(i), f"shadow-{i}", SpecRequest(**kinds[i % 3])) for i in range(6))  # type: ignore[arg-type]
+        *(run(engine, copy_prompt(i), f"shadow-{i}", SpecRequest(**kinds[i % 3]), 48, NO_BUDGET) for i in range(6))  # type: ignore[arg-type]
     )
     after = await engine.controller_state()
     checked = after["shadow_checked"] - before["shadow_checked"]
@@ -254,6 +274,7 @@ async def test_shadow_drafts_agree_with_verification_on_every_verified_step(engi
 async def test_shadow_acceptance_at_depth_one_matches_verified_acceptance_at_depth_k(engine: PhasespecLLM) -> None:
     """Like with like: every step draws depth 1 or K at random (and the drafter proposes K),
     so the two groups start at the same kind of places."""
+    await skip_without_shadow_drafts(engine)
     by_depth = await probe_shadow_acceptance(engine, requests=48, max_tokens=96)
     shallow, deep = by_depth["1"], by_depth[str(K)]
     assert shallow["steps"] > 200 and deep["steps"] > 200, by_depth

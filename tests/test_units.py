@@ -28,6 +28,24 @@ def test_vllm_flags_come_from_the_environment_as_json(monkeypatch: pytest.Monkey
         Settings()
 
 
+def test_the_command_takes_vllm_flags_from_the_environment_then_the_command_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Settings.from_command_line is what proxy/cli.py builds the server's settings with.
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2})
+    monkeypatch.setenv("PHASESPEC_VLLM_ARGS", json.dumps(["--speculative-config", spec]))
+    assert Settings.from_command_line([]).vllm_args == ["--speculative-config", spec]
+    assert Settings.from_command_line(["--server.port", "9001", "--max-model-len", "512"]).vllm_args == [
+        "--speculative-config",
+        spec,
+        "--max-model-len",
+        "512",
+    ]
+    monkeypatch.setenv("PHASESPEC_VLLM_ARGS", "--enforce-eager")
+    with pytest.raises(ValueError, match="JSON list of strings"):
+        Settings.from_command_line([])
+
+
 def test_env_sets_nested_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PHASESPEC_SERVER__PORT", "8123")
     monkeypatch.setenv("PHASESPEC_ENGINE__KV_CACHE_GIB", "1.5")

@@ -1,0 +1,125 @@
+"""The embedded self-draft (a 4-bit copy of the model, vLLM's draft_model method) on the real engine.
+
+A drafter that proposes on every step, unlike ngram: the depth hook must stay lossless,
+count exactly what vLLM counts, and verify no drafts close to a thinking budget, where
+vLLM's forcing under speculation changes the forced string (engine/hook.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from config import Settings
+from engine.llm import PhasespecLLM, SpecRequest
+from load.workload import copy_prompt
+from tests.engine_fixture import engine_context, run
+from tests.test_depth_hook import _prometheus, max_drafted, total
+
+K = 3
+BUDGET = 24
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def engine() -> AsyncIterator[PhasespecLLM]:
+    settings = Settings()  # type: ignore[call-arg]
+    settings.engine.drafter = "self-draft"
+    async with engine_context(settings) as llm:
+        assert llm.max_spec_depth == K
+        assert llm.vllm_config.speculative_config.method == "draft_model"
+        yield llm
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_greedy_output_is_identical_at_every_depth_through_a_forced_end_of_thinking(
+    engine: PhasespecLLM,
+) -> None:
+    # Prompt 0 is the one whose forced end string vLLM changes at K=3 ("Okay, here done
+    # thinking.") when drafts are verified close to the budget.
+    for i in range(3):
+        outputs = {}
+        for depth in (0, 1, K):
+            result = await run(engine, copy_prompt(i), f"sd-same-{i}-{depth}", SpecRequest(depth=depth), 48, BUDGET)
+            assert result.spec.final is not None
+            assert max_drafted(result.spec.final) <= depth
+            outputs[depth] = result.token_ids
+        assert outputs[0] == outputs[1] == outputs[K], f"prompt {i}"
+    text = engine.get_tokenizer().decode(outputs[K])
+    assert "Okay, I am done thinking.\n</think>" in text, text
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_drafter_proposes_k_on_every_step_outside_the_budget_window(engine: PhasespecLLM) -> None:
+    # No thinking budget in reach: every decode step after the first verifies K drafts.
+    result = await run(engine, copy_prompt(5), "sd-every", SpecRequest(depth=K, trace=True), 32, 10_000)
+    final = result.spec.final
+    assert final is not None
+    drafted = [step[1] for step in final["trace"]]
+    assert drafted and set(drafted) == {K}, drafted
+    tokens = len(result.token_ids)
+    assert len(drafted) >= tokens // (K + 1), "a verify step per at most K + 1 tokens"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_per_request_counts_sum_to_vllm_prometheus_counters(engine: PhasespecLLM) -> None:
+    names = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+    before = [_prometheus(n) for n in names]
+    runs = await asyncio.gather(
+        *(run(engine, copy_prompt(i), f"sd-sum-{i}", SpecRequest(depth=i % (K + 1)), 40, BUDGET) for i in range(4))
+    )
+    finals = [r.spec.final for r in runs]
+    ours = [sum(total(f, key) for f in finals if f) for key in ("drafted", "accepted")]
+    assert ours[0] > 0
+    for _ in range(50):  # vLLM records a step's stats just after handing out its outputs
+        deltas = [_prometheus(n) - b for n, b in zip(names, before, strict=True)]
+        if deltas == ours:
+            break
+        await asyncio.sleep(0.1)
+    assert deltas == ours
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
+    engine: PhasespecLLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both phases draft on every step; the figures are printed for the docs (docs/gpu.md)."""
+    end_len = len(engine.vllm_config.reasoning_config.reasoning_end_token_ids or ())
+
+    def to_answer(rid: str) -> Any:
+        done = False
+
+        async def on_tokens(n: int) -> None:
+            nonlocal done
+            if not done and n >= BUDGET + end_len:  # the forced end of thinking is out
+                done = True
+                assert await engine.set_spec_depth(rid, K, "answer")
+
+        return on_tokens
+
+    runs = await asyncio.gather(
+        *(
+            run(engine, copy_prompt(i), f"sd-acc-{i}", SpecRequest(depth=K, phase="reasoning"), 72, BUDGET,
+                on_tokens=to_answer(f"sd-acc-{i}"))
+            for i in range(6)
+        )
+    )  # fmt: skip
+    rates = {}
+    for name in ("reasoning", "answer"):
+        accepted, reached = [0] * K, [0] * K
+        for result in runs:
+            assert result.spec.final is not None
+            counters = result.spec.final["phases"][name]
+            for pos in range(K):
+                accepted[pos] += counters["accepted_per_pos"][pos]
+                reached[pos] += sum(counters["steps_by_drafted"][pos + 1 :])
+        assert reached[0] > 20, (name, reached)
+        rates[name] = [round(a / r, 3) if r else None for a, r in zip(accepted, reached, strict=True)]
+    with capsys.disabled():
+        print(f"\n[self-draft] acceptance by position: {json.dumps(rates)}")
+    for name, by_pos in rates.items():
+        assert by_pos[0] is not None and 0.05 < by_pos[0] < 0.98, f"{name}: neither always missing nor exact"
