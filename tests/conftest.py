@@ -11,7 +11,9 @@ from load.server import ServerProcess
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The one real server (and engine) of the test session, on the embedded model."""
-    env = {"PHASESPEC_ADAPTIVE__SUMMARY_INTERVAL_S": "2"}
+    # A short warm-up: with a drafter that proposes every step (the self-draft) all of an adaptive
+    # request's steps before its thinking budget can be random warm-up steps at the default 40.
+    env = {"PHASESPEC_ADAPTIVE__SUMMARY_INTERVAL_S": "2", "PHASESPEC_ADAPTIVE__WARMUP_STEPS": "8"}
     proc = ServerProcess(log_path=tmp_path_factory.mktemp("server") / "server.log", env=env)
     proc.start()
     yield proc

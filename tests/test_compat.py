@@ -51,7 +51,7 @@ def test_a_fork_outside_the_tested_releases_starts_with_a_warning(
     monkeypatch.setattr(compat, "find_vllm", lambda: Found("lvllm", "2.3.10"))
     with caplog.at_level(logging.WARNING, logger="phasespec.compat"):
         assert require_vllm() == Found("lvllm", "2.3.10")
-    assert "lvllm 2.3.10 is not a tested vLLM release (0.27.1, 0.31.0, 0.32.0)" in caplog.text
+    assert "lvllm 2.3.10 is not a tested vLLM release (0.26.0, 0.27.1, 0.31.0, 0.32.0)" in caplog.text
 
 
 def test_every_missing_internal_is_named_in_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +74,7 @@ def test_every_missing_internal_is_named_in_one_error(monkeypatch: pytest.Monkey
         "build_app (in vllm.entrypoints.nowhere)",
     ):
         assert name in message
-    assert "tested with vLLM 0.27.1, 0.31.0, 0.32.0" in message
+    assert "tested with vLLM 0.26.0, 0.27.1, 0.31.0, 0.32.0" in message
 
 
 def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,13 +89,14 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
 ) -> None:
     """Both phases draft on every step; the figures are printed for the docs (docs/gpu.md)."""
     end_len = len(engine.vllm_config.reasoning_config.reasoning_end_token_ids or ())
+    budget = 40  # drafts are verified up to 4(K + 1) tokens before it
 
     def to_answer(rid: str) -> Any:
         done = False
 
         async def on_tokens(n: int) -> None:
             nonlocal done
-            if not done and n >= BUDGET + end_len:  # the forced end of thinking is out
+            if not done and n >= budget + end_len:  # the forced end of thinking is out
                 done = True
                 assert await engine.set_spec_depth(rid, K, "answer")
 
@@ -103,7 +104,7 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
 
     runs = await asyncio.gather(
         *(
-            run(engine, copy_prompt(i), f"sd-acc-{i}", SpecRequest(depth=K, phase="reasoning"), 72, BUDGET,
+            run(engine, copy_prompt(i), f"sd-acc-{i}", SpecRequest(depth=K, phase="reasoning"), 88, budget,
                 on_tokens=to_answer(f"sd-acc-{i}"))
             for i in range(6)
         )
