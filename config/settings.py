@@ -108,6 +108,10 @@ class AdaptiveSettings(BaseModel):
     """Share of steps after which the drafter proposes all K drafts (shadow drafts)."""
     warmup_steps: int = Field(default=40, ge=0)
     """Random steps taken first (depths drawn from 0..cap), before any cost slope is learned."""
+    step_depth: Literal["auto", "on", "off"] = "auto"
+    """One depth for the whole step, chosen from the step time measured at each depth, instead of a
+    depth per request priced per draft. auto: on for model drafters (draft_model, EAGLE, MTP, DSpark:
+    a forward pass per draft position for the whole batch), off for ngram and suffix."""
     seed: int | None = None
     summary_interval_s: float = Field(default=10.0, gt=0)
     """Period of the per-phase summary log line and gauges."""

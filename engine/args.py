@@ -122,6 +122,7 @@ def hook_options(settings: Settings) -> dict[str, Any]:
             "settled_explore_share": adaptive.settled_explore_share,
             "shadow_share": adaptive.shadow_share,
             "warmup_steps": adaptive.warmup_steps,
+            "step_depth": adaptive.step_depth,
             "seed": adaptive.seed,
         }
     }

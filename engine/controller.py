@@ -34,6 +34,7 @@ from engine.acceptance import (
     phase_estimate,
 )
 from engine.cost_model import CostEstimate, StepCostModel
+from engine.step_depth import StepDepthChooser, StepWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,9 @@ class ControllerSettings:
     explore_depths: tuple[int, ...] = ()
     """Depths a random step draws from (empty: 0..cap). (1, K) with explore_share 1
     compares shadow and verified acceptance on like steps."""
+    step_depth: bool = False
+    """One depth for the whole step, chosen from the step time measured at each depth
+    (engine/step_depth.py): for drafters that pay per drafting pass (model drafters)."""
     seed: int | None = None
 
 
@@ -198,6 +202,8 @@ class StepPlan:
     """Z on a random step: the sum of the drawn depths' deviations from their draws' means."""
     full_draft: bool
     """Let the drafter propose K after this step (shadow drafts for every position)."""
+    step_window: StepWindow | None = None
+    """The steps at one depth this step belongs to (``ControllerSettings.step_depth``)."""
 
 
 _Prior = tuple[Weights, tuple[list[float], list[float]]]
@@ -242,6 +248,7 @@ class DepthController:
         self._explore_next = False
         self._score_share = 1.0
         self._score_rng = random.Random(self.settings.seed)
+        self.step_chooser = StepDepthChooser(max_depth, self.rng)
 
     # --- estimates ---
 
@@ -314,6 +321,8 @@ class DepthController:
         s = self.settings
         self.planned_steps += 1
         self._score_share = min(1.0, s.scored_per_step / len(batch))
+        if s.step_depth:
+            return self._plan_step_depth(batch, adaptive)
         warm = self.explored_steps >= s.warmup_steps
         explore = self._explore_next or not warm
         # A random step only teaches the slope through requests with drafts to
@@ -350,6 +359,20 @@ class DepthController:
             if p.adaptive:
                 depths[p.engine_id] = self.requests[p.engine_id].depth = d
         return StepPlan(depths, False, None, full_draft)
+
+    def _plan_step_depth(self, batch: Sequence[Planned], adaptive: Sequence[Planned]) -> StepPlan:
+        priors: dict[str, _Prior] = {}
+        gains = []
+        for p in adaptive:
+            self.track(p.engine_id, p.phase)
+            gains.append(_cumulative(self._candidate(self.requests[p.engine_id], 0, p.depth, priors).accepted))
+        caps = [p.depth for p in adaptive]
+        window = self.step_chooser.choose(len(batch), gains, caps, self.settings.explore_share)
+        depths = {}
+        for p in adaptive:
+            depths[p.engine_id] = self.requests[p.engine_id].depth = min(p.depth, window.depth)
+        # No shadow steps: a step that drafts K would be timed as this depth's.
+        return StepPlan(depths, False, None, False, window)
 
     def _explore_share(self, batch: int, cost: CostEstimate | None) -> float:
         """How often to take a random step at this batch size.
@@ -426,5 +449,6 @@ class DepthController:
             "shadow_checked": self.shadow_checked,
             "shadow_disagreed": self.shadow_disagreed,
             "by_verified_depth": by_verified,
+            "step_depth_ms": self.step_chooser.snapshot() if self.settings.step_depth else None,
             "tracked_requests": len(self.requests),
         }

@@ -51,6 +51,18 @@ ANSWER_PHASES = ("answer", "tool_call")
 """Phase tags after reasoning (proxy/phases.py), where no thinking budget counts."""
 
 
+PASS_FREE_METHODS = ("ngram", "ngram_gpu", "suffix")
+"""Drafters that search the text: their cost does not grow by a forward pass per draft position."""
+
+
+def step_depth_wanted(setting: str, vllm_config: Any) -> bool:
+    """``--adaptive.step_depth``: auto is on for model drafters (one pass per draft position)."""
+    if setting != "auto":
+        return setting == "on"
+    spec = vllm_config.speculative_config
+    return spec is not None and spec.method not in PASS_FREE_METHODS
+
+
 def hook_options(vllm_config: Any) -> dict[str, Any]:
     """phasespec's engine-side options, carried to the engine core in ``additional_config``."""
     extra = vllm_config.additional_config
@@ -83,9 +95,9 @@ class DepthScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         options = hook_options(self.vllm_config)
         self.spec_ledger = SpecLedger(self.num_spec_tokens)
-        self.controller = DepthController(
-            max(self.num_spec_tokens, 0), ControllerSettings(**options.get("adaptive", {}))
-        )
+        adaptive = dict(options.get("adaptive", {}))
+        adaptive["step_depth"] = step_depth_wanted(adaptive.get("step_depth", "auto"), self.vllm_config)
+        self.controller = DepthController(max(self.num_spec_tokens, 0), ControllerSettings(**adaptive))
         emulate = options.get("emulate")
         self.emulation = StepEmulation.parse(emulate["spec"], emulate["scale"]) if emulate else None
         self.pads = PadCounter()
@@ -117,6 +129,7 @@ class DepthScheduler(Scheduler):
             "shadow_drafts": self._shadow,
             "lowers_batch_k": self._lower_batch_k,
             "cudagraph_mode": getattr(mode, "name", None) if mode is not None else None,
+            "adaptive_unit": "step" if self.controller.settings.step_depth else "request",
             "hook_us_per_step": self.own_time.us_per_step(),
             "hook_cpu_s": self.own_time.seconds,
             "hook_steps": self.own_time.steps,
@@ -254,8 +267,11 @@ class DepthScheduler(Scheduler):
             new_tokens = request.num_output_tokens - ledger.tokens_seen
             ledger.tokens_seen = request.num_output_tokens
             self.controller.count(ledger.phase, ledger.depth, new_tokens)
-        self._last_update = time.perf_counter()
-        self.own_time.add(self._last_update - own_started - base_s, step_done=True)
+        now = time.perf_counter()
+        if plan is not None and plan.step_window is not None:
+            self.controller.step_chooser.step_finished(plan.step_window, self._last_update, now)
+        self._last_update = now
+        self.own_time.add(time.perf_counter() - own_started - base_s, step_done=True)
         return result
 
     def _step_seconds(self, started: float, tokens: int) -> float | None:

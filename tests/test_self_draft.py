@@ -124,3 +124,16 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
         print(f"\n[self-draft] acceptance by position: {json.dumps(rates)}")
     for name, by_pos in rates.items():
         assert by_pos[0] is not None and 0.05 < by_pos[0] < 0.98, f"{name}: neither always missing nor exact"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lossless(engine: PhasespecLLM) -> None:
+    assert (await engine.spec_hook_state())["adaptive_unit"] == "step", "auto: a model drafter pays per pass"
+    for i in range(3):
+        reference = await run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=K), 64, 40)
+        adaptive = await run(
+            engine, copy_prompt(i), f"sd-adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"), 64, 40
+        )
+        assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
+    tables = (await engine.controller_state())["step_depth_ms"]
+    assert any(all(ms is not None and ms > 0 for ms in table) for table in tables.values()), tables

@@ -1,0 +1,101 @@
+"""One depth per step (engine/step_depth.py): the choice from measured step times, pure logic."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.controller import ControllerSettings, DepthController, Planned
+from engine.step_depth import StepDepthChooser
+
+K = 3
+# Expected accepted drafts at depth 0..3 for a drafter accepted a fifth of the time per position.
+WEAK = [0.0, 0.2, 0.24, 0.248]
+# ... and one accepted 90% of the time.
+STRONG = [0.0, 0.9, 1.71, 2.439]
+
+
+def timed(times_ms: list[float], bucket: int = 4) -> StepDepthChooser:
+    chooser = StepDepthChooser(K, random.Random(0))
+    for depth, ms in enumerate(times_ms):
+        chooser.observe(bucket, depth, ms / 1e3)
+    return chooser
+
+
+def run_window(chooser: StepDepthChooser, batch: int, gains: list[float], clock: list[float], ms: float) -> int:
+    """Plan and finish one window of steps of ``ms`` each; return its depth."""
+    depths = set()
+    for _ in range(chooser.window_steps):
+        window = chooser.choose(batch, [gains] * batch, [K] * batch, explore_share=0.0)
+        depths.add(window.depth)
+        previous = clock[0]
+        clock[0] += ms / 1e3
+        chooser.step_finished(window, previous, clock[0])
+    (depth,) = depths
+    return depth
+
+
+def test_every_depth_is_timed_over_a_window_before_any_is_chosen() -> None:
+    chooser = StepDepthChooser(K, random.Random(1))
+    clock = [1.0]
+    tried = [run_window(chooser, 4, WEAK, clock, 20.0) for _ in range(K + 1)]
+    assert sorted(tried) == list(range(K + 1))
+    assert chooser.times[2] == pytest.approx([0.020] * (K + 1))
+
+
+@pytest.mark.parametrize(
+    ("times_ms", "gains", "want"),
+    [
+        # Measured at batch 16 on an H200 (docs/gpu.md): 21 ms without drafts, ~31 ms with.
+        ([21, 30, 31, 32], WEAK, 0),
+        ([21, 30, 31, 32], STRONG, 3),
+        ([20, 21, 22, 23], WEAK, 1),  # nearly flat: one cheap draft pays, more do not
+        ([20, 24, 40, 60], STRONG, 1),  # one cheap pass, then expensive ones
+    ],
+)
+def test_the_depth_with_the_most_tokens_per_second_is_chosen(
+    times_ms: list[float], gains: list[float], want: int
+) -> None:
+    chooser = timed(times_ms)
+    assert chooser.choose(16, [gains] * 16, [K] * 16, explore_share=0.0).depth == want
+
+
+def test_caps_bound_what_a_depth_is_worth() -> None:
+    chooser = timed([20, 21, 22, 23])
+    assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0).depth == 3
+    chooser.current = None
+    assert chooser.choose(16, [STRONG] * 16, [1] * 16, explore_share=0.0).depth == 1, "deeper buys nothing capped at 1"
+
+
+def test_a_window_keeps_its_depth_and_is_timed_from_the_update_before_it() -> None:
+    chooser = timed([21, 30, 31, 32])
+    first = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
+    chooser.step_finished(first, previous_update=10.0, now=10.05)  # a slow first step counts too
+    for i in range(1, chooser.window_steps):
+        assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is first
+        chooser.step_finished(first, previous_update=0.0, now=10.05 + 0.01 * i)
+    seconds = (10.05 + 0.01 * (chooser.window_steps - 1) - 10.0) / chooser.window_steps
+    assert chooser.times[4][0] == pytest.approx(0.8 * 0.021 + 0.2 * seconds)
+    assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is not first
+
+
+def test_the_controller_applies_one_depth_capped_per_request() -> None:
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=3))
+    batch = [Planned("a", "reasoning", K, True), Planned("b", "answer", 1, True), Planned("c", "answer", 2, False)]
+    clock = 1.0
+    seen = set()
+    for _ in range((K + 1) * ctrl.step_chooser.window_steps):
+        plan = ctrl.plan(batch)
+        assert plan.step_window is not None and not plan.full_draft
+        depth = plan.step_window.depth
+        assert plan.depths == {"a": depth, "b": min(1, depth)}, "the static request keeps its own"
+        seen.add(depth)
+        # 20 ms a step, doubled once anything is drafted: at the prior's acceptance (0.5, 0.25,
+        # 0.125 by position) depth 3 brings 3.375 tokens for the two requests against 2 at depth 0.
+        end = clock + 0.020 + 0.020 * (depth > 0)
+        ctrl.step_chooser.step_finished(plan.step_window, clock, end)
+        clock = end
+    assert seen == set(range(K + 1))
+    assert ctrl.plan(batch).step_window.depth == 0  # type: ignore[union-attr]
+    assert ctrl.snapshot(False)["step_depth_ms"] == {"2": [20.0, 40.0, 40.0, 40.0]}
