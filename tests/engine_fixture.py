@@ -76,3 +76,43 @@ async def probe_shadow_acceptance(engine: PhasespecLLM, requests: int, max_token
     finally:
         await engine.configure_controller(**old)
     return by_depth
+
+
+def max_drafted(final: dict[str, Any]) -> int:
+    """The largest number of drafts any verify step of the request checked."""
+    largest = 0
+    for counters in final["phases"].values():
+        for n_drafts, steps in enumerate(counters["steps_by_drafted"]):
+            if steps:
+                largest = max(largest, n_drafts)
+    return largest
+
+
+def total(final: dict[str, Any], key: str) -> int:
+    return sum(int(c[key]) for c in final["phases"].values())
+
+
+SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+"""vLLM's Prometheus totals of drafted and accepted tokens (this process's registry)."""
+
+
+def spec_counters() -> list[float]:
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    values = [0.0] * len(SPEC_COUNTERS)
+    for metric in get_prometheus_registry().collect():
+        for sample in metric.samples:
+            if sample.name in SPEC_COUNTERS:
+                values[SPEC_COUNTERS.index(sample.name)] += sample.value
+    return values
+
+
+async def spec_counter_growth(before: list[float], expected: list[int]) -> list[float]:
+    """How much vLLM's counters grew since ``before``, once they reach ``expected`` (vLLM records
+    a step's stats just after handing out its outputs) or after 5 s."""
+    for _ in range(50):
+        deltas = [now - then for now, then in zip(spec_counters(), before, strict=True)]
+        if deltas == expected:
+            break
+        await asyncio.sleep(0.1)
+    return deltas

@@ -13,7 +13,15 @@ import pytest_asyncio
 from engine.llm import PhasespecLLM, SpecRequest
 from engine.spec_stats import DepthError
 from load.workload import copy_prompt
-from tests.engine_fixture import engine_context, probe_shadow_acceptance, run
+from tests.engine_fixture import (
+    engine_context,
+    max_drafted,
+    probe_shadow_acceptance,
+    run,
+    spec_counter_growth,
+    spec_counters,
+    total,
+)
 
 K = 3
 N_PROMPTS = 10
@@ -29,20 +37,6 @@ async def engine() -> AsyncIterator[PhasespecLLM]:
     async with engine_context() as llm:
         assert llm.max_spec_depth == K
         yield llm
-
-
-def max_drafted(final: dict[str, Any]) -> int:
-    """The largest number of drafts any verify step of the request checked."""
-    largest = 0
-    for counters in final["phases"].values():
-        for n_drafts, steps in enumerate(counters["steps_by_drafted"]):
-            if steps:
-                largest = max(largest, n_drafts)
-    return largest
-
-
-def total(final: dict[str, Any], key: str) -> int:
-    return sum(int(c[key]) for c in final["phases"].values())
 
 
 def switch_after(engine: PhasespecLLM, request_id: str, n_tokens: int, depth: int) -> Any:
@@ -160,34 +154,15 @@ async def test_mixed_depths_share_one_batch(engine: PhasespecLLM) -> None:
         assert any(lo <= other_hi and other_lo <= hi for j, (other_lo, other_hi) in enumerate(step_ranges) if j != i)
 
 
-def _prometheus(name: str) -> float:
-    from vllm.v1.metrics.prometheus import get_prometheus_registry
-
-    value = 0.0
-    for metric in get_prometheus_registry().collect():
-        for sample in metric.samples:
-            if sample.name == name:
-                value += sample.value
-    return value
-
-
 @pytest.mark.asyncio(loop_scope="session")
 async def test_per_request_counts_sum_to_vllm_prometheus_counters(engine: PhasespecLLM) -> None:
-    names = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
-    before = [_prometheus(n) for n in names]
+    before = spec_counters()
     runs = await asyncio.gather(
         *(run(engine, copy_prompt(i), f"sum-{i}", SpecRequest(depth=i % (K + 1))) for i in range(8))
     )
-    finals = [r.spec.final for r in runs]
-    assert all(f is not None for f in finals)
-    ours = [sum(total(f, key) for f in finals if f) for key in ("drafted", "accepted")]
+    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in ("drafted", "accepted")]
     assert ours[0] > 0
-    for _ in range(50):  # vLLM records a step's stats just after handing out its outputs
-        deltas = [_prometheus(n) - b for n, b in zip(names, before, strict=True)]
-        if deltas == ours:
-            break
-        await asyncio.sleep(0.1)
-    assert deltas == ours
+    assert await spec_counter_growth(before, ours) == ours
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -18,8 +18,7 @@ import pytest_asyncio
 from config import Settings
 from engine.llm import PhasespecLLM, SpecRequest
 from load.workload import copy_prompt
-from tests.engine_fixture import engine_context, run
-from tests.test_depth_hook import _prometheus, max_drafted, total
+from tests.engine_fixture import engine_context, max_drafted, run, spec_counter_growth, spec_counters, total
 
 K = 3
 BUDGET = 24
@@ -67,20 +66,13 @@ async def test_the_drafter_proposes_k_on_every_step_outside_the_budget_window(en
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_per_request_counts_sum_to_vllm_prometheus_counters(engine: PhasespecLLM) -> None:
-    names = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
-    before = [_prometheus(n) for n in names]
+    before = spec_counters()
     runs = await asyncio.gather(
         *(run(engine, copy_prompt(i), f"sd-sum-{i}", SpecRequest(depth=i % (K + 1)), 40, BUDGET) for i in range(4))
     )
-    finals = [r.spec.final for r in runs]
-    ours = [sum(total(f, key) for f in finals if f) for key in ("drafted", "accepted")]
+    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in ("drafted", "accepted")]
     assert ours[0] > 0
-    for _ in range(50):  # vLLM records a step's stats just after handing out its outputs
-        deltas = [_prometheus(n) - b for n, b in zip(names, before, strict=True)]
-        if deltas == ours:
-            break
-        await asyncio.sleep(0.1)
-    assert deltas == ours
+    assert await spec_counter_growth(before, ours) == ours
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -88,7 +80,9 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
     engine: PhasespecLLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both phases draft on every step; the figures are printed for the docs (docs/gpu.md)."""
-    end_len = len(engine.vllm_config.reasoning_config.reasoning_end_token_ids or ())
+    reasoning = engine.vllm_config.reasoning_config
+    assert reasoning is not None
+    end_len = len(reasoning.reasoning_end_token_ids or ())
     budget = 40  # drafts are verified up to 4(K + 1) tokens before it
 
     def to_answer(rid: str) -> Any:
