@@ -10,10 +10,10 @@ depth 3. A per-draft price cannot see that (one request's extra draft costs the
 batch a whole pass, or nothing), so the per-request controller bought depth 3
 everywhere and lost to a fixed depth 1 by 28% at concurrency 4.
 
-This chooser runs windows of steps at one depth D, learns the step time at
-each D per batch-size bucket (an exponentially weighted mean over windows) and
-picks the D with the most expected tokens per second, every adaptive request
-verifying min(cap, D):
+This chooser runs windows of 8 steps at one depth D, learns the step time at
+each D per batch-size bucket (an exponentially weighted mean of its decode
+steps, prefills and other depths' steps left out) and picks the D with the
+most expected tokens per second, every adaptive request verifying min(cap, D):
 
     rate(D) = sum_i (1 + E_i(min(cap_i, D))) / T(D)
 
@@ -34,14 +34,11 @@ from engine.cost_model import bucket_of
 
 @dataclass(slots=True)
 class StepWindow:
-    """Consecutive steps run at one depth, timed together."""
+    """Consecutive steps run at one depth."""
 
     depth: int
-    bucket: int
     to_plan: int
     """Steps still to be scheduled in it."""
-    started: float | None = None
-    """When the step before its first one finished."""
     finished: int = 0
 
 
@@ -50,12 +47,12 @@ class StepDepthChooser:
     max_depth: int
     rng: random.Random
     window_steps: int = 8
-    """Steps per depth decision, timed as a whole: from the update before the window's first
-    step to its last step's update. Under async scheduling a step is scheduled while the one
-    before it runs, so only consecutive updates time steps, and a window of them does it
-    without choosing which single steps count."""
-    keep: float = 0.8
-    """Weight of the past in each step-time mean (about 5 windows, 40 steps, of memory)."""
+    """Steps per depth decision. A step is timed from the update before it to its own (under
+    async scheduling a step is scheduled while the one before it runs, so only consecutive
+    updates time it); a window's first step is not timed, since the step before it ran at
+    another depth."""
+    keep: float = 0.95
+    """Weight of the past in each step-time mean (about 20 timed steps of memory)."""
     times: dict[int, list[float | None]] = field(default_factory=dict)
     """Bucket of batch sizes -> mean step seconds at depth 0..K (None: not timed yet)."""
     current: StepWindow | None = None
@@ -68,8 +65,7 @@ class StepDepthChooser:
         if window is not None and window.to_plan > 0:
             window.to_plan -= 1
             return window
-        bucket = bucket_of(batch)
-        table = self.times.setdefault(bucket, [None] * (self.max_depth + 1))
+        table = self.times.setdefault(bucket_of(batch), [None] * (self.max_depth + 1))
         untimed = [d for d, t in enumerate(table) if t is None]
         if untimed:
             depth = self.rng.choice(untimed)
@@ -77,7 +73,7 @@ class StepDepthChooser:
             depth = self.rng.randrange(self.max_depth + 1)
         else:
             depth = max(range(self.max_depth + 1), key=lambda d: self.rate(d, table, gains, caps))
-        self.current = StepWindow(depth, bucket, self.window_steps - 1)
+        self.current = StepWindow(depth, self.window_steps - 1)
         return self.current
 
     @staticmethod
@@ -87,16 +83,11 @@ class StepDepthChooser:
         tokens = sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
         return tokens / seconds
 
-    def step_finished(self, window: StepWindow, previous_update: float, now: float) -> None:
-        """One of the window's steps finished at ``now``; the update before it came at ``previous_update``."""
-        if window.started is None:
-            window.started = previous_update if previous_update > 0 else None
-            if window.started is None:
-                window.to_plan = 0  # the first step of all: nothing to time it from
-                return
+    def step_finished(self, window: StepWindow, batch: int, previous_update: float, now: float) -> None:
+        """A decode step of the window finished at ``now``; the update before it came at ``previous_update``."""
         window.finished += 1
-        if window.finished == self.window_steps:
-            self.observe(window.bucket, window.depth, (now - window.started) / self.window_steps)
+        if window.finished > 1 and previous_update > 0:
+            self.observe(bucket_of(batch), window.depth, now - previous_update)
 
     def observe(self, bucket: int, depth: int, seconds: float) -> None:
         table = self.times.setdefault(bucket, [None] * (self.max_depth + 1))

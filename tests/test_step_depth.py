@@ -31,7 +31,7 @@ def run_window(chooser: StepDepthChooser, batch: int, gains: list[float], clock:
         depths.add(window.depth)
         previous = clock[0]
         clock[0] += ms / 1e3
-        chooser.step_finished(window, previous, clock[0])
+        chooser.step_finished(window, batch, previous, clock[0])
     (depth,) = depths
     return depth
 
@@ -68,15 +68,16 @@ def test_caps_bound_what_a_depth_is_worth() -> None:
     assert chooser.choose(16, [STRONG] * 16, [1] * 16, explore_share=0.0).depth == 1, "deeper buys nothing capped at 1"
 
 
-def test_a_window_keeps_its_depth_and_is_timed_from_the_update_before_it() -> None:
+def test_a_window_keeps_its_depth_and_times_all_but_its_first_step() -> None:
     chooser = timed([21, 30, 31, 32])
     first = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
-    chooser.step_finished(first, previous_update=10.0, now=10.05)  # a slow first step counts too
-    for i in range(1, chooser.window_steps):
+    assert first.depth == 0
+    chooser.step_finished(first, 16, previous_update=10.0, now=10.5)  # ran after another depth's step
+    assert chooser.times[4][0] == pytest.approx(0.021), "a window's first step is not timed"
+    for _ in range(1, chooser.window_steps):
         assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is first
-        chooser.step_finished(first, previous_update=0.0, now=10.05 + 0.01 * i)
-    seconds = (10.05 + 0.01 * (chooser.window_steps - 1) - 10.0) / chooser.window_steps
-    assert chooser.times[4][0] == pytest.approx(0.8 * 0.021 + 0.2 * seconds)
+        chooser.step_finished(first, 16, previous_update=10.0, now=10.041)
+    assert chooser.times[4][0] == pytest.approx(0.021 * 0.95**7 + 0.041 * (1 - 0.95**7))
     assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is not first
 
 
@@ -94,7 +95,7 @@ def test_the_controller_applies_one_depth_capped_per_request() -> None:
         # 20 ms a step, doubled once anything is drafted: at the prior's acceptance (0.5, 0.25,
         # 0.125 by position) depth 3 brings 3.375 tokens for the two requests against 2 at depth 0.
         end = clock + 0.020 + 0.020 * (depth > 0)
-        ctrl.step_chooser.step_finished(plan.step_window, clock, end)
+        ctrl.step_chooser.step_finished(plan.step_window, 3, clock, end)
         clock = end
     assert seen == set(range(K + 1))
     assert ctrl.plan(batch).step_window.depth == 0  # type: ignore[union-attr]
