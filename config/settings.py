@@ -68,9 +68,10 @@ class EngineSettings(BaseModel):
     """Multiplies the emulated step time (keeps its shape), so that this
     machine's real steps stay under it."""
     hold_eos_while_thinking: bool | None = None
-    """Raise ``min_tokens`` to cover the default thinking budget, so a model
-    that would stop inside ``<think>`` reasons to the budget first. On by
-    default for the embedded model only (it never ends reasoning itself)."""
+    """Raise ``min_tokens`` to cover the request's thinking budget (its own or
+    the default), so a model that would stop inside ``<think>`` reasons to the
+    budget first. On by default for the embedded model only (it never ends
+    reasoning itself). A request's own ``min_tokens`` wins."""
 
 
 class PhaseSettings(BaseModel):

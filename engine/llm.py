@@ -64,14 +64,18 @@ ObserverFactory = Callable[[str, SamplingParams, "bool | None"], OutputObserver]
 
 
 def apply_defaults(params: SamplingParams, defaults: RequestDefaults, reasoning_end_len: int) -> None:
-    """Fill in the server's reasoning defaults where the request left them unset."""
-    if params.thinking_token_budget is not None or defaults.thinking_token_budget is None:
+    """Fill in the server's reasoning defaults where the request left them unset.
+
+    The EOS hold covers the request's thinking budget, its own or the default: a model that
+    never closes ``<think>`` (the embedded one) would otherwise stop inside it."""
+    if params.thinking_token_budget is None:
+        params.thinking_token_budget = defaults.thinking_token_budget
+    budget = params.thinking_token_budget
+    if budget is None or budget < 0 or not defaults.hold_eos_while_thinking or params.min_tokens != 0:
         return
-    params.thinking_token_budget = defaults.thinking_token_budget
-    if defaults.hold_eos_while_thinking and params.min_tokens == 0:
-        # The forced end string follows the budget; one answer token after it.
-        wanted = defaults.thinking_token_budget + reasoning_end_len + 1
-        params.min_tokens = wanted if params.max_tokens is None else min(wanted, params.max_tokens)
+    # The forced end string follows the budget; one answer token after it.
+    wanted = budget + reasoning_end_len + 1
+    params.min_tokens = wanted if params.max_tokens is None else min(wanted, params.max_tokens)
 
 
 def attach_spec_meta(params: SamplingParams, request_id: str, spec: SpecRequest, max_depth: int) -> None:

@@ -116,6 +116,15 @@ def test_required_tool_choice_returns_a_call(client: openai.OpenAI, model_name: 
     assert calls and calls[0].function.name == "get_weather"
 
 
+def test_a_requests_own_thinking_budget_reasons_to_it_and_answers(client: openai.OpenAI, model_name: str) -> None:
+    response = client.chat.completions.create(**_chat(model_name, extra_body={"thinking_token_budget": 16}))
+    message = response.choices[0].message.model_dump()
+    assert message["reasoning"].strip() and message["content"].strip(), message
+    details = response.usage.completion_tokens_details if response.usage else None
+    assert details is not None and details.reasoning_tokens is not None
+    assert 16 <= details.reasoning_tokens <= 16 + 12, "the budget, then the forced end string"
+
+
 def test_models_lists_the_served_model(client: openai.OpenAI, model_name: str) -> None:
     assert [m.id for m in client.models.list()] == [model_name]
 

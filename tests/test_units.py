@@ -104,3 +104,15 @@ def test_emulation_is_off_by_default_and_a_bad_spec_is_a_settings_error() -> Non
     assert hook_options(on)["emulate"] == {"spec": "moe-offload", "scale": 2.0}
     with pytest.raises(SettingsError, match="A\\+B\\*tokens"):
         hook_options(Settings(_cli_parse_args=["--engine.emulate_step_ms", "slow"]))
+
+
+def test_the_command_refuses_a_bad_setting_with_a_message_not_a_traceback() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "--server.log_level", "loud"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "phasespec: invalid settings" in done.stderr and "unknown log level 'loud'" in done.stderr
+    assert "Traceback" not in done.stderr
