@@ -37,6 +37,13 @@ logger = logging.getLogger("phasespec.engine")
 
 # Flags that phasespec owns; given to vLLM they would be silently ignored.
 _OWNED_FLAGS = {"--host": "--server.host", "--port": "--server.port"}
+# `vllm serve` flags that configure vLLM's own HTTP server (uvicorn), which phasespec replaces
+# with its own: refused when set, never silently dropped (a TLS launch line must not serve http).
+HTTP_SERVER_FLAGS = (
+    "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "ssl_ciphers", "enable_ssl_refresh",
+    "uds", "root_path", "uvicorn_log_level", "disable_uvicorn_access_log", "disable_access_log_for_endpoints",
+    "h11_max_incomplete_event_size", "h11_max_header_count",
+)  # fmt: skip
 
 
 class SettingsError(ValueError):
@@ -95,10 +102,21 @@ def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
         )
     else:
         argv = ["--model", settings.model]
+    parser = vllm_parser()
     try:
-        args = vllm_parser().parse_args([*argv, *settings.vllm_args])
+        args = parser.parse_args([*argv, *settings.vllm_args])
     except SystemExit as exc:  # argparse already printed the reason
         raise SettingsError(f"invalid vLLM flags: {settings.vllm_args}") from exc
+    unsupported = [
+        "--" + dest.replace("_", "-")
+        for dest in HTTP_SERVER_FLAGS
+        if hasattr(args, dest) and getattr(args, dest) != parser.get_default(dest)
+    ]
+    if unsupported:
+        raise SettingsError(
+            f"{', '.join(unsupported)} configure vLLM's HTTP server, which phasespec replaces with its own; "
+            "not supported yet (terminate TLS or serve a socket in front of phasespec)"
+        )
     args.host = settings.server.host
     args.port = settings.server.port
     validate_parsed_serve_args(args)

@@ -116,3 +116,27 @@ def test_the_command_refuses_a_bad_setting_with_a_message_not_a_traceback() -> N
     assert done.returncode == 1
     assert "phasespec: invalid settings" in done.stderr and "unknown log level 'loud'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem"],
+        ["--uds", "/tmp/phasespec.sock"],
+        ["--root-path", "/llm"],
+        ["--uvicorn-log-level", "debug"],
+        ["--h11-max-header-count", "64"],
+    ],
+)
+def test_vllm_http_server_flags_are_refused_not_dropped(flags: list[str]) -> None:
+    from engine.args import SettingsError, build_vllm_namespace
+
+    with pytest.raises(SettingsError, match=flags[0]):
+        build_vllm_namespace(Settings.from_command_line(flags))
+
+
+def test_engine_flags_still_pass() -> None:
+    from engine.args import build_vllm_namespace
+
+    args = build_vllm_namespace(Settings.from_command_line(["--max-model-len", "1024"]))
+    assert args.max_model_len == 1024
