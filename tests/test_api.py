@@ -192,3 +192,25 @@ def test_usage_counts_the_reasoning_tokens_vllm_returns(
     streamed_reasoning = _reasoning_ids(embedded_tokenizer, ids)
     assert embedded_tokenizer.decode(streamed_reasoning, skip_special_tokens=True).strip() == text.strip()
     assert usage.completion_tokens_details.reasoning_tokens == len(streamed_reasoning) == len(reasoning)
+
+
+def test_the_thinking_budget_holds_under_sampling(
+    client: openai.OpenAI, model_name: str, embedded_tokenizer: Any
+) -> None:
+    """40 seeded requests at temperature 1: every reasoning ends by the default budget plus the
+    forced end string (it did not before drafts were kept out of the steps near a budget)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.args import EMBEDDED_REASONING_END, EMBEDDED_THINKING_BUDGET
+
+    end_len = len(embedded_tokenizer.encode(EMBEDDED_REASONING_END, add_special_tokens=False))
+
+    def reasoning_length(seed: int) -> int:
+        response = client.chat.completions.create(
+            **_chat(model_name, temperature=1.0, seed=seed), extra_body={"return_token_ids": True}
+        )
+        return len(_reasoning_ids(embedded_tokenizer, response.choices[0].model_dump()["token_ids"]))
+
+    with ThreadPoolExecutor(8) as pool:
+        lengths = list(pool.map(reasoning_length, range(40)))
+    assert max(lengths) <= EMBEDDED_THINKING_BUDGET + end_len, lengths
