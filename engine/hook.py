@@ -379,10 +379,15 @@ def _pop_stats(self: EngineCore, group: str) -> dict[str, Any] | None:
     return _ledger(self).pop(group)
 
 
-def _hook_state(self: EngineCore) -> dict[str, Any]:
+def _hook_state(self: EngineCore) -> dict[str, int]:
     running, waiting = self.scheduler.get_request_counts()
+    return {**_ledger(self).sizes(), "running": running, "waiting": waiting}
+
+
+def _hook_path(self: EngineCore) -> dict[str, Any]:
+    _ledger(self)  # raises if the hook is missing
     scheduler: DepthScheduler = self.scheduler  # type: ignore[assignment]
-    return {**_ledger(self).sizes(), "running": running, "waiting": waiting, **scheduler.describe()}
+    return scheduler.describe()
 
 
 def _drain_steps(self: EngineCore) -> list[tuple[int, int, int, float]]:
@@ -409,6 +414,7 @@ UTILITY_METHODS = {
     "phasespec_stats": _stats,
     "phasespec_pop_stats": _pop_stats,
     "phasespec_hook_state": _hook_state,
+    "phasespec_hook_path": _hook_path,
     "phasespec_drain_steps": _drain_steps,
     "phasespec_controller_state": _controller_state,
     "phasespec_configure_controller": _configure_controller,

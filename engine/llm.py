@@ -182,15 +182,18 @@ class PhasespecLLM(AsyncLLM):
     async def pop_spec_stats(self, request_id: str) -> dict[str, Any] | None:
         return _on_rank(await self._utility("phasespec_pop_stats", request_id))
 
-    async def spec_hook_state(self) -> dict[str, Any]:
-        """How many requests the hook holds state for, summed over engine ranks, and the
-        path the hook takes (scheduler, shadow drafts, graph mode: the same on every rank)."""
-        totals: dict[str, Any] = {}
-        for state in await self._utility("phasespec_hook_state"):
-            for key, value in state.items():
-                is_count = isinstance(value, int) and not isinstance(value, bool)
-                totals[key] = totals.get(key, 0) + value if is_count else value
+    async def spec_hook_state(self) -> dict[str, int]:
+        """How many requests the hook holds state for, summed over engine ranks."""
+        totals: dict[str, int] = {}
+        for sizes in await self._utility("phasespec_hook_state"):
+            for key, n in sizes.items():
+                totals[key] = totals.get(key, 0) + n
         return totals
+
+    async def spec_hook_path(self) -> dict[str, Any]:
+        """The path the hook takes (scheduler, shadow drafts, graph mode, adaptive unit: the same
+        on every rank) and its own CPU time per step (rank 0's)."""
+        return dict((await self._utility("phasespec_hook_path"))[0])
 
     async def controller_state(self, reset_window: bool = False) -> dict[str, Any]:
         """The adaptive controller's estimates and emulation, per engine rank."""

@@ -138,11 +138,11 @@ async def run_cell(
 
     await engine.drain_step_log()
     await engine.controller_state(reset_window=True)
-    hook_before = await engine.spec_hook_state()
+    hook_before = await engine.spec_hook_path()
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     cell.wall_s = time.perf_counter() - start
-    hook_after = await engine.spec_hook_state()
+    hook_after = await engine.spec_hook_path()
     hook_steps = hook_after["hook_steps"] - hook_before["hook_steps"]
     if hook_steps:
         cell.hook_us_per_step = 1e6 * (hook_after["hook_cpu_s"] - hook_before["hook_cpu_s"]) / hook_steps

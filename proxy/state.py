@@ -26,6 +26,7 @@ async def state(request: Request) -> dict[str, Any]:
         "emulation": (controller or {}).get("emulation"),
         "controller": controller,
         "engine": await engine.spec_hook_state(),
+        "hook": await engine.spec_hook_path(),
         "frontend_unfinished": engine.output_processor.get_num_unfinished_requests(),
         "stats_board": len(request.app.state.board),
     }

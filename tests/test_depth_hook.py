@@ -97,7 +97,7 @@ async def test_lowering_depth_lands_at_the_next_step(engine: PhasespecLLM) -> No
     ((applied_step, _, _),) = [entry for entry in final["depth_log"] if entry[1] == 1 and entry[2] == "after"]
     # Async scheduling schedules a step while the one before it runs: the step after the
     # call may already be scheduled, so the new depth lands one step later there.
-    lag = 1 if (await engine.spec_hook_state())["scheduler"] == "async" else 0
+    lag = 1 if (await engine.spec_hook_path())["scheduler"] == "async" else 0
     before = [t for t in final["trace"] if t[0] <= applied_step]
     after = [t for t in final["trace"] if t[0] > applied_step + lag]
     assert before and after, final
@@ -177,13 +177,12 @@ async def test_counters_are_freed_after_finish_and_abort(engine: PhasespecLLM) -
                 break  # closing the generator aborts the request
 
     await abandon()
-    held = ("live", "groups", "finishing", "finished_unread", "running", "waiting")
     for _ in range(50):
         state = await engine.spec_hook_state()
-        if not any(state[key] for key in held):
+        if not any(state.values()):
             break
         await asyncio.sleep(0.1)
-    assert {key: state[key] for key in held} == dict.fromkeys(held, 0)
+    assert state == {"live": 0, "groups": 0, "finishing": 0, "finished_unread": 0, "running": 0, "waiting": 0}
     assert engine.output_processor.get_num_unfinished_requests() == 0
 
 
@@ -217,7 +216,7 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
         finals.append(adaptive.spec.final)
     # Decided steps come before the window near the thinking budget (40: no drafts from token 24 on).
     assert all(f is not None for f in finals) and sum(1 for f in finals if f and f["decisions_total"]) >= N_PROMPTS // 2
-    if (await engine.spec_hook_state())["adaptive_unit"] == "request":  # one depth per step: no random moves
+    if (await engine.spec_hook_path())["adaptive_unit"] == "request":  # one depth per step: no random moves
         assert sum(f["explored_steps"] for f in finals if f) > 0
     drafted_counts = {
         n for f in finals if f for c in f["phases"].values() for n, s in enumerate(c["steps_by_drafted"]) if s
@@ -226,7 +225,7 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
 
 
 async def skip_without_shadow_drafts(engine: PhasespecLLM) -> None:
-    state = await engine.spec_hook_state()
+    state = await engine.spec_hook_path()
     if not state["shadow_drafts"]:
         pytest.skip(f"{state['scheduler']} scheduling: the drafts stay in the worker, no shadow drafts")
 

@@ -167,6 +167,10 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     assert max_drafted(report["phases"]["answer"]) <= 2, "the answer cap holds"
     state = httpx.get(f"{base_url}/phasespec/state").json()
     assert state["emulation"] is None
+    assert state["speculation"] == {"max_depth": K, "per_request_depth": True}
+    hook = state["hook"]
+    assert hook["scheduler"] in ("sync", "async") and hook["shadow_drafts"] == (hook["scheduler"] == "sync")
+    assert hook["adaptive_unit"] == "request" and hook["hook_us_per_step"] > 0, "ngram: a depth per request"
     found = find_vllm()
     assert state["vllm"] == {"distribution": found.distribution, "version": found.version, "tested": found.tested}
     assert {"reasoning", "answer"} <= set(state["controller"]["phases"])
