@@ -116,3 +116,22 @@ async def spec_counter_growth(before: list[float], expected: list[int]) -> list[
             break
         await asyncio.sleep(0.1)
     return deltas
+
+
+async def counted_and_vllm_growth(
+    engine: PhasespecLLM, requests: int, prefix: str, max_tokens: int = 48, thinking_budget: int = 24
+) -> tuple[list[int], list[float]]:
+    """Run ``requests`` copy prompts at once at depths 0..K in turn; return their summed per-request
+    (drafted, accepted) and how much vLLM's Prometheus counters grew meanwhile."""
+    from load.workload import copy_prompt
+
+    before = spec_counters()
+    runs = await asyncio.gather(
+        *(
+            run(engine, copy_prompt(i), f"{prefix}-{i}", SpecRequest(depth=i % (engine.max_spec_depth + 1)),
+                max_tokens, thinking_budget)
+            for i in range(requests)
+        )
+    )  # fmt: skip
+    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in ("drafted", "accepted")]
+    return ours, await spec_counter_growth(before, ours)

@@ -14,12 +14,11 @@ from engine.llm import PhasespecLLM, SpecRequest
 from engine.spec_stats import DepthError
 from load.workload import copy_prompt
 from tests.engine_fixture import (
+    counted_and_vllm_growth,
     engine_context,
     max_drafted,
     probe_shadow_acceptance,
     run,
-    spec_counter_growth,
-    spec_counters,
     total,
 )
 
@@ -156,13 +155,9 @@ async def test_mixed_depths_share_one_batch(engine: PhasespecLLM) -> None:
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_per_request_counts_sum_to_vllm_prometheus_counters(engine: PhasespecLLM) -> None:
-    before = spec_counters()
-    runs = await asyncio.gather(
-        *(run(engine, copy_prompt(i), f"sum-{i}", SpecRequest(depth=i % (K + 1))) for i in range(8))
-    )
-    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in ("drafted", "accepted")]
+    ours, vllm = await counted_and_vllm_growth(engine, 8, "sum")
     assert ours[0] > 0
-    assert await spec_counter_growth(before, ours) == ours
+    assert vllm == ours
 
 
 @pytest.mark.asyncio(loop_scope="session")

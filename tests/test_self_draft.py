@@ -18,7 +18,7 @@ import pytest_asyncio
 from config import Settings
 from engine.llm import PhasespecLLM, SpecRequest
 from load.workload import copy_prompt
-from tests.engine_fixture import engine_context, max_drafted, run, spec_counter_growth, spec_counters, total
+from tests.engine_fixture import counted_and_vllm_growth, engine_context, max_drafted, run
 
 K = 3
 BUDGET = 24
@@ -66,13 +66,9 @@ async def test_the_drafter_proposes_k_on_every_step_outside_the_budget_window(en
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_per_request_counts_sum_to_vllm_prometheus_counters(engine: PhasespecLLM) -> None:
-    before = spec_counters()
-    runs = await asyncio.gather(
-        *(run(engine, copy_prompt(i), f"sd-sum-{i}", SpecRequest(depth=i % (K + 1)), 40, BUDGET) for i in range(4))
-    )
-    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in ("drafted", "accepted")]
+    ours, vllm = await counted_and_vllm_growth(engine, 4, "sd-sum", 40, BUDGET)
     assert ours[0] > 0
-    assert await spec_counter_growth(before, ours) == ours
+    assert vllm == ours
 
 
 @pytest.mark.asyncio(loop_scope="session")
