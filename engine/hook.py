@@ -266,7 +266,7 @@ class DepthScheduler(Scheduler):
                 self.controller.observe(engine_id, resolved)
             new_tokens = request.num_output_tokens - ledger.tokens_seen
             ledger.tokens_seen = request.num_output_tokens
-            self.controller.count(ledger.phase, ledger.depth, new_tokens)
+            self.controller.count(ledger.phase, ledger.verified_depth, new_tokens)
         now = time.perf_counter()
         if decode_only and plan is not None and plan.step_window is not None:
             self.controller.step_chooser.step_finished(plan.step_window, len(scheduled), self._last_update, now)
