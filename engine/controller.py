@@ -414,6 +414,11 @@ class DepthController:
         """A decode step finished: feed its time to the cost model."""
         self.cost.observe(batch, drafts, seconds, plan.instrument if plan is not None else None)
 
+    def decode_step_timed(self, plan: StepPlan, batch: int, previous_update: float, now: float) -> None:
+        """A decode step of ``plan`` finished at ``now``, the update before it at ``previous_update``."""
+        if plan.step_window is not None:
+            self.step_chooser.step_finished(plan.step_window, batch, previous_update, now)
+
     def count(self, phase: str, depth: int, tokens: int) -> None:
         window = self.window.get(phase)
         if window is None:

@@ -268,8 +268,8 @@ class DepthScheduler(Scheduler):
             ledger.tokens_seen = request.num_output_tokens
             self.controller.count(ledger.phase, ledger.verified_depth, new_tokens)
         now = time.perf_counter()
-        if decode_only and plan is not None and plan.step_window is not None:
-            self.controller.step_chooser.step_finished(plan.step_window, len(scheduled), self._last_update, now)
+        if decode_only and plan is not None:
+            self.controller.decode_step_timed(plan, len(scheduled), self._last_update, now)
         self._last_update = now
         self.own_time.add(time.perf_counter() - own_started - base_s, step_done=True)
         return result
