@@ -90,6 +90,8 @@ class PhasespecLLM(AsyncLLM):
 
     request_defaults: RequestDefaults = RequestDefaults()
     observer_factory: ObserverFactory | None = None
+    vllm_fixes: tuple[str, ...] = ()
+    """engine/vllm_fixes.py fixes applied in the workers (set by engine/runtime.py)."""
     _reasoning_end_len: int = 0
 
     def configure(self, defaults: RequestDefaults) -> None:
@@ -193,7 +195,7 @@ class PhasespecLLM(AsyncLLM):
     async def spec_hook_path(self) -> dict[str, Any]:
         """The path the hook takes (scheduler, shadow drafts, graph mode, adaptive unit: the same
         on every rank) and its own CPU time per step (rank 0's)."""
-        return dict((await self._utility("phasespec_hook_path"))[0])
+        return {**(await self._utility("phasespec_hook_path"))[0], "vllm_fixes": list(self.vllm_fixes)}
 
     async def controller_state(self, reset_window: bool = False) -> dict[str, Any]:
         """The adaptive controller's estimates and emulation, per engine rank."""

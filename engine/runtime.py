@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from engine.hook import EXTRA_KEY, scheduler_class
 from engine.llm import PhasespecLLM, RequestDefaults
+from engine.vllm_fixes import WORKER_EXTENSION
 
 
 @asynccontextmanager
@@ -39,6 +40,9 @@ async def open_engine(
     )
     try:
         engine.configure(defaults)
+        if vllm_config.parallel_config.worker_extension_cls == WORKER_EXTENSION:
+            fixes = await engine.collective_rpc("phasespec_vllm_fixes")
+            engine.vllm_fixes = tuple(sorted({name for worker in fixes for name in worker}))
         await engine.reset_mm_cache()
         yield engine
     finally:
@@ -60,3 +64,22 @@ def install_depth_hook(vllm_config: Any, options: dict[str, Any]) -> None:
     if sched.scheduler_cls is not None:
         raise ValueError(f"--scheduler-cls {sched.scheduler_cls!r} cannot be combined with phasespec's depth hook")
     sched.scheduler_cls = scheduler_class(bool(sched.async_scheduling))
+    install_sampler_fixes(vllm_config)
+
+
+def install_sampler_fixes(vllm_config: Any) -> None:
+    """On the CPU platform, load engine/vllm_fixes.py into vLLM's workers as their extension.
+
+    Only the CPU engine needs it today (the fix's probe runs there); a worker extension of the
+    user's own cannot be combined with it, and is refused rather than dropped."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    parallel = vllm_config.parallel_config
+    if parallel.worker_extension_cls:
+        raise ValueError(
+            f"--worker-extension-cls {parallel.worker_extension_cls!r} cannot be combined with phasespec on the "
+            "CPU engine (phasespec's own extension fixes vLLM's CPU speculative sampling)"
+        )
+    parallel.worker_extension_cls = WORKER_EXTENSION

