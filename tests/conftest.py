@@ -7,6 +7,16 @@ import pytest
 
 from load.server import ServerProcess
 
+SESSION_ENGINE_FIXTURES = {"server", "base_url", "client", "server_log"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the session server needs the engine: mark it, so ``-m "not engine"``
+    is the fast loop (modules that start engines of their own carry the mark themselves)."""
+    for item in items:
+        if SESSION_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

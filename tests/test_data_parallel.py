@@ -14,6 +14,8 @@ from load.server import ServerProcess
 from load.workload import copy_prompt
 from tests.test_robustness import wait_idle
 
+pytestmark = pytest.mark.engine
+
 REQUESTS = 8
 
 

@@ -22,6 +22,8 @@ from tests.engine_fixture import (
     total,
 )
 
+pytestmark = pytest.mark.engine
+
 K = 3
 N_PROMPTS = 10
 NO_BUDGET = 10_000

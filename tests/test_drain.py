@@ -14,6 +14,8 @@ from load.server import ServerProcess
 from load.workload import copy_prompt
 from tests.streams import all_streaming, start_streams
 
+pytestmark = pytest.mark.engine
+
 GRACE_S = 12
 SHORT_TOKENS = 60
 LONG_TOKENS = 1500  # far more than the grace period allows here (about 40 s)

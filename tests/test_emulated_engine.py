@@ -21,6 +21,8 @@ from engine.llm import PhasespecLLM, SpecRequest
 from load.workload import copy_prompt
 from tests.engine_fixture import engine_context, run
 
+pytestmark = pytest.mark.engine
+
 SPEC = "0+60*tokens"
 NO_BUDGET = 10_000
 EMULATION = StepEmulation.parse(SPEC)

@@ -15,6 +15,8 @@ from load.server import ServerProcess
 from load.workload import copy_prompt
 from tests.streams import all_streaming, start_streams
 
+pytestmark = pytest.mark.engine
+
 STREAMS = 3
 
 

@@ -15,6 +15,8 @@ import pytest
 from load.run_load import parse_args, run
 from load.server import ServerProcess
 
+pytestmark = pytest.mark.engine
+
 KEYS = ("key-one", "key-two")
 BOUND = 2
 

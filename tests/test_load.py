@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from load.run_load import parse_args, run
+
+pytestmark = pytest.mark.engine
 
 
 def test_short_locust_run_reports_stream_and_phase_metrics(base_url: str, tmp_path: Path) -> None:

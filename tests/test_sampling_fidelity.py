@@ -20,6 +20,8 @@ import pytest
 
 from tests.distribution import permutation_p_value, tv_distance
 
+pytestmark = pytest.mark.engine
+
 PROMPT = "red apple, green car, red apple, green car, red apple, green car, red apple, green"
 """Raw completion text the ngram drafter matches from the first generated token on."""
 N = 400

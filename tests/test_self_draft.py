@@ -20,6 +20,8 @@ from engine.llm import PhasespecLLM, SpecRequest
 from load.workload import copy_prompt
 from tests.engine_fixture import counted_and_vllm_growth, engine_context, max_drafted, run
 
+pytestmark = pytest.mark.engine
+
 K = 3
 BUDGET = 24
 
