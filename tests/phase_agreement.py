@@ -24,7 +24,7 @@ tracker saw a tool call exactly when vLLM emitted one, and its reasoning token
 count equals vLLM's own count (or, for parsers that count nothing, the tokens
 of reasoning text before the end marker).
 
-``python -m tests.phase_agreement`` prints the table the README shows.
+``python -m tests.phase_agreement`` prints the table docs/design.md shows.
 """
 
 from __future__ import annotations

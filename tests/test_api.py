@@ -58,7 +58,7 @@ def test_chat_returns_reasoning_then_answer(client: openai.OpenAI, model_name: s
 @pytest.mark.xfail(
     find_vllm().version.startswith(("0.26.", "0.27.")),
     reason="vLLM 0.27.1 (and 0.26.0 on the GPU, async scheduling) streams one logprob entry fewer than "
-    "usage counts; plain vLLM 0.27.1 does too (README, vLLM versions); 0.31.0 and 0.32.0 agree",
+    "usage counts; plain vLLM 0.27.1 does too (docs/vllm.md); 0.31.0 and 0.32.0 agree",
     strict=True,
 )
 def test_streamed_chat_has_both_parts_and_usage_matches_tokens(client: openai.OpenAI, model_name: str) -> None:
