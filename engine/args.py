@@ -38,11 +38,13 @@ logger = logging.getLogger("phasespec.engine")
 # Flags that phasespec owns; given to vLLM they would be silently ignored.
 _OWNED_FLAGS = {"--host": "--server.host", "--port": "--server.port"}
 # `vllm serve` flags that configure vLLM's own HTTP server (uvicorn), which phasespec replaces
-# with its own: refused when set, never silently dropped (a TLS launch line must not serve http).
+# with its own. These phasespec hands to its uvicorn as `vllm serve` does (uvicorn_options):
+UVICORN_FLAGS = ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "ssl_ciphers")
+# and these it sets on uvicorn's config after building it, as vLLM's launcher does:
+H11_LIMITS = ("h11_max_incomplete_event_size", "h11_max_header_count")
+# and these it refuses when set, never silently dropping them.
 HTTP_SERVER_FLAGS = (
-    "ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "ssl_ciphers", "enable_ssl_refresh",
-    "uds", "root_path", "uvicorn_log_level", "disable_uvicorn_access_log", "disable_access_log_for_endpoints",
-    "h11_max_incomplete_event_size", "h11_max_header_count",
+    "enable_ssl_refresh", "uds", "root_path", "uvicorn_log_level", "disable_access_log_for_endpoints",
 )  # fmt: skip
 
 
@@ -115,12 +117,22 @@ def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
     if unsupported:
         raise SettingsError(
             f"{', '.join(unsupported)} configure vLLM's HTTP server, which phasespec replaces with its own; "
-            "not supported yet (terminate TLS or serve a socket in front of phasespec)"
+            "not supported (TLS certificates without reloading, --ssl-*, are; serve a socket or a path "
+            "prefix through a proxy in front of phasespec; --server.log_level sets the log level)"
         )
     args.host = settings.server.host
     args.port = settings.server.port
     validate_parsed_serve_args(args)
     return args
+
+
+def uvicorn_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The HTTP-server options of a `vllm serve` namespace, as vLLM's launcher hands them to uvicorn:
+    keyword arguments of ``uvicorn.Config``, then attributes set on it (the h11 header limits)."""
+    kwargs = {dest: getattr(args, dest) for dest in UVICORN_FLAGS if getattr(args, dest, None) is not None}
+    kwargs["access_log"] = not getattr(args, "disable_uvicorn_access_log", False)
+    limits = {dest: getattr(args, dest) for dest in H11_LIMITS if getattr(args, dest, None) is not None}
+    return kwargs, limits
 
 
 def apply_environment(settings: Settings) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -26,10 +27,17 @@ class ServerProcess:
     """``python -m proxy.cli`` (or ``module``, e.g. vLLM's own server) with the given flags."""
 
     def __init__(
-        self, *flags: str, log_path: Path, env: dict[str, str] | None = None, vllm_server: bool = False
+        self,
+        *flags: str,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        vllm_server: bool = False,
+        tls_ca: Path | None = None,
     ) -> None:
+        """``tls_ca``: the server serves https (its flags carry the certificate); trust this CA."""
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{'https' if tls_ca else 'http'}://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else True
         self.log_path = log_path
         self._flags = flags
         self._vllm_server = vllm_server
@@ -49,7 +57,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=2, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine_died = False
     app.state.drain = drain
+    app.state.vllm_args = args  # the HTTP-server flags among them configure uvicorn (proxy/cli.py)
     app.state.request_exit = lambda: None  # the HTTP server (proxy/cli.py) sets it
     app.add_middleware(
         ChatRewriteMiddleware,

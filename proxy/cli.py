@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 
     log_config = configure_logging(settings.server.log_level)  # before vLLM is imported
 
-    from engine.args import SettingsError
+    from engine.args import SettingsError, uvicorn_options
     from proxy.app import create_app
 
     try:
@@ -34,17 +34,20 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         sys.exit(f"phasespec: {exc}")
     drain = app.state.drain
-    server = DrainingServer(
-        uvicorn.Config(
-            app,
-            host=settings.server.host,
-            port=settings.server.port,
-            log_level=settings.server.log_level,
-            log_config=log_config,
-            # The middleware cuts what is left at the grace period; this is a backstop.
-            timeout_graceful_shutdown=int(drain.grace_s) + 5,
-        )
+    tls_and_logs, h11_limits = uvicorn_options(app.state.vllm_args)
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level=settings.server.log_level,
+        log_config=log_config,
+        # The middleware cuts what is left at the grace period; this is a backstop.
+        timeout_graceful_shutdown=int(drain.grace_s) + 5,
+        **tls_and_logs,
     )
+    for name, value in h11_limits.items():
+        setattr(config, name, value)
+    server = DrainingServer(config)
     server.on_exit = drain.request
     app.state.request_exit = lambda: setattr(server, "should_exit", True)
     # uvicorn re-raises the signal it stopped on once it is done; a drained

@@ -121,18 +121,33 @@ def test_the_command_refuses_a_bad_setting_with_a_message_not_a_traceback() -> N
 @pytest.mark.parametrize(
     "flags",
     [
-        ["--ssl-keyfile", "key.pem", "--ssl-certfile", "cert.pem"],
         ["--uds", "/tmp/phasespec.sock"],
         ["--root-path", "/llm"],
         ["--uvicorn-log-level", "debug"],
-        ["--h11-max-header-count", "64"],
+        ["--enable-ssl-refresh"],
     ],
 )
-def test_vllm_http_server_flags_are_refused_not_dropped(flags: list[str]) -> None:
+def test_vllm_http_server_flags_phasespec_cannot_honour_are_refused(flags: list[str]) -> None:
     from engine.args import SettingsError, build_vllm_namespace
 
     with pytest.raises(SettingsError, match=flags[0]):
         build_vllm_namespace(Settings.from_command_line(flags))
+
+
+def test_vllm_tls_and_h11_flags_reach_uvicorn_as_vllm_serve_passes_them() -> None:
+    """What ``vllm serve`` hands uvicorn; tests/test_tls.py serves https with them end to end."""
+    from engine.args import build_vllm_namespace, uvicorn_options
+
+    flags = ["--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem", "--ssl-ca-certs", "ca.pem", "--ssl-cert-reqs", "2",
+             "--h11-max-header-count", "64", "--disable-uvicorn-access-log"]  # fmt: skip
+    kwargs, limits = uvicorn_options(build_vllm_namespace(Settings.from_command_line(flags)))
+    assert kwargs == {
+        "ssl_keyfile": "k.pem", "ssl_certfile": "c.pem", "ssl_ca_certs": "ca.pem", "ssl_cert_reqs": 2,
+        "access_log": False,
+    }  # fmt: skip
+    assert limits["h11_max_header_count"] == 64 and limits["h11_max_incomplete_event_size"] > 0
+    plain, _ = uvicorn_options(build_vllm_namespace(Settings.from_command_line([])))
+    assert plain == {"ssl_cert_reqs": 0, "access_log": True}  # vLLM's defaults: no TLS, access log on
 
 
 def test_engine_flags_still_pass() -> None:
