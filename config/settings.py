@@ -83,11 +83,19 @@ class PhaseSettings(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    switching: bool = True
-    """Switch each request's depth as its phase changes; off runs everyone at K."""
-    policy: Literal["static", "adaptive"] = "static"
-    """static: a depth per phase; adaptive: chosen every engine step from
-    measured acceptance and step cost (the per-phase depths are caps)."""
+    policy: Literal["off", "static", "adaptive"] = "static"
+    """off: every request at K (as plain vLLM); static: a depth per phase; adaptive: chosen every
+    engine step from measured acceptance and step cost (the per-phase depths are caps)."""
+    switching: bool | None = Field(default=None, exclude=True)
+    """Replaced by ``--phases.policy off``; refused when given."""
+
+    @field_validator("switching")
+    @classmethod
+    def _switching_is_gone(cls, value: bool | None) -> None:
+        if value is not None:
+            raise ValueError("--phases.switching was replaced by --phases.policy (off runs every request at K)")
+        return None
+
     reasoning: int | None = Field(default=None, ge=0)
     """Depth (adaptive: cap) while the model reasons (inside <think>); static default 1."""
     answer: int | None = Field(default=None, ge=0)

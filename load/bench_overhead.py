@@ -43,7 +43,7 @@ def servers(model_dir: Path) -> dict[str, tuple[list[str], bool]]:
 
     return {
         "vllm": (["--model", str(model_dir), *embedded_engine_flags()], True),
-        "phasespec-off": (["--phases.switching", "false"], False),
+        "phasespec-off": (["--phases.policy", "off"], False),
         "phasespec-on": ([], False),
     }
 

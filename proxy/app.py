@@ -151,7 +151,7 @@ def phase_depths(settings: Settings, policy: str | None = None) -> PhaseDepths |
     unset phases take the policy's defaults (PhaseDepths(), ADAPTIVE)."""
     phases = settings.phases
     policy = policy or phases.policy
-    if not phases.switching and policy == phases.policy:
+    if policy == "off":
         return None
     given = {name: value for name in PHASE_NAMES if (value := getattr(phases, name)) is not None}
     return replace(ADAPTIVE if policy == "adaptive" else PhaseDepths(), **given)

@@ -20,7 +20,7 @@ async def state(request: Request) -> dict[str, Any]:
     observers = engine.observer_factory
     return {
         "vllm": {**asdict(found := require_vllm()), "tested": found.tested},
-        "policy": settings.phases.policy if settings.phases.switching else "off",
+        "policy": settings.phases.policy,
         "speculation": {"max_depth": engine.max_spec_depth, "per_request_depth": engine.max_spec_depth > 0},
         "phases": observers.phases.describe() if observers is not None else None,
         "emulation": (controller or {}).get("emulation"),

@@ -91,9 +91,19 @@ def test_adaptive_policy_caps_only_the_phases_the_user_set() -> None:
     assert phase_depths(adaptive) == PhaseDepths(reasoning=1, answer=None, tool_call=None, adaptive=True)
     # A request may ask for the other policy; the server's own map stays its static one.
     assert phase_depths(adaptive, "static") == PhaseDepths(reasoning=1, answer=2, tool_call=None)
-    off = Settings(_cli_parse_args=["--phases.switching", "false"])
+    off = Settings.from_command_line(["--phases.policy", "off"])
     assert phase_depths(off) is None
     assert phase_depths(off, "adaptive") == PhaseDepths(None, None, None, adaptive=True)
+
+
+def test_the_old_switching_flag_is_refused_naming_the_new_one() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "--phases.switching", "false"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "--phases.policy" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_emulation_is_off_by_default_and_a_bad_spec_is_a_settings_error() -> None:
