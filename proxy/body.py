@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import strict
 from proxy.errors import openai_error
-from proxy.overrides import OverrideError, apply_overrides
+from proxy.overrides import OverrideError, apply_overrides, mark_forced_tool_call
 
 PATHS = (strict.CHAT, strict.COMPLETIONS)
 
@@ -77,7 +77,8 @@ class BodyMiddleware:
         try:
             data = strict.parse(body)
             strict.check(scope["path"], data)
-            if apply_overrides(data, self.max_depth()):
+            forced = scope["path"] == strict.CHAT and mark_forced_tool_call(data)
+            if apply_overrides(data, self.max_depth()) or forced:
                 body = json.dumps(data).encode()
                 scope = with_length(scope, body)
         except (strict.Invalid, OverrideError) as exc:

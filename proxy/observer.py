@@ -21,7 +21,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from engine.llm import SpecRequest
 from proxy.metrics import phase_metrics
 from proxy.phase_plan import PhasePlan
-from proxy.phases import ParserTracker, Phase, PhaseTracker
+from proxy.phases import ForcedToolCall, ParserTracker, Phase, PhaseTracker
 from proxy.policy import PhaseDepths, choose_depth
 
 log = structlog.get_logger("phasespec.request")
@@ -31,6 +31,8 @@ XARG_DEPTH = "phasespec_depth_"
 XARG_STATS = "phasespec_stats"
 XARG_EXPECT_USAGE = "phasespec_expect_usage"
 XARG_POLICY = "phasespec_policy"
+XARG_FORCED_TOOL = "phasespec_forced_tool"
+"""Set by proxy/body.py on a chat request whose tool_choice forces a tool call."""
 
 
 class StatsBoard:
@@ -92,7 +94,7 @@ def phase_report(counters: dict[str, Any] | None) -> dict[str, Any]:
 class RequestObserver:
     request_id: str
     model: str
-    tracker: PhaseTracker | ParserTracker
+    tracker: PhaseTracker | ParserTracker | ForcedToolCall
     depths: PhaseDepths | None
     max_depth: int
     board: StatsBoard | None
@@ -153,7 +155,8 @@ class RequestObserver:
                     self.decode_s[phase] += (now - self.last_at) * n / len(ids)
                     self.decode_tokens[phase] += n
         self.last_at = now
-        if self.first_answer_at is None and self.tracker.tokens[Phase.ANSWER] > before[Phase.ANSWER]:
+        after_reasoning = (Phase.ANSWER, Phase.TOOL_CALL)
+        if self.first_answer_at is None and any(self.tracker.tokens[p] > before[p] for p in after_reasoning):
             self.first_answer_at = now
         if not changes:
             return None
@@ -242,10 +245,11 @@ class ObserverFactory:
         }
         if override:
             depths = replace(depths or PhaseDepths(), **override)
+        tracker = self.phases.tracker(reasoning_ended)
         return RequestObserver(
             request_id=request_id,
             model=self.model,
-            tracker=self.phases.tracker(reasoning_ended),
+            tracker=ForcedToolCall(tracker) if xargs.get(XARG_FORCED_TOOL) else tracker,
             depths=depths,
             max_depth=self.max_depth,
             board=self.board if xargs.get(XARG_STATS) else None,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.observer import XARG_DEPTH, XARG_EXPECT_USAGE, XARG_POLICY, XARG_STATS
+from proxy.observer import XARG_DEPTH, XARG_EXPECT_USAGE, XARG_FORCED_TOOL, XARG_POLICY, XARG_STATS
 
 FIELD = "phasespec"
 PHASES = ("reasoning", "answer", "tool_call")
@@ -61,6 +61,19 @@ def override_xargs(value: Any, max_depth: int, stream_usage: bool) -> dict[str, 
         xargs[XARG_STATS] = 1
         xargs[XARG_EXPECT_USAGE] = int(stream_usage)
     return xargs
+
+
+def mark_forced_tool_call(data: dict[str, Any]) -> bool:
+    """Tag a chat request whose ``tool_choice`` forces a tool call (``required`` or a named
+    function) for its observer (proxy/phases.py, ``ForcedToolCall``); False if it does not."""
+    choice = data.get("tool_choice")
+    if not data.get("tools") or not (choice == "required" or isinstance(choice, dict)):
+        return False
+    existing = data.get("vllm_xargs") or {}
+    if not isinstance(existing, dict):
+        raise OverrideError("'vllm_xargs' must be an object", "vllm_xargs")
+    data["vllm_xargs"] = {**existing, XARG_FORCED_TOOL: 1}
+    return True
 
 
 def apply_overrides(data: dict[str, Any], max_depth: int) -> bool:

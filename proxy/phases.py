@@ -258,3 +258,40 @@ def _split_at_end(
         before, after = text.split(end_text, 1)
         return (ids[:i], before + end_text), (ids[i:], after)
     return (ids, text), ([], "")
+
+
+@dataclass(slots=True)
+class ForcedToolCall:
+    """A response under ``tool_choice`` required or named: vLLM constrains everything after
+    reasoning to the tool call's JSON, with no markup for a tool parser to see, so what the
+    parsers call answer is the tool call. Relabels the inner tracker's answer as tool_call."""
+
+    inner: PhaseTracker | ParserTracker
+
+    @property
+    def phase(self) -> Phase:
+        return _forced(self.inner.phase)
+
+    @property
+    def tokens(self) -> dict[Phase, int]:
+        counts = self.inner.tokens
+        return {
+            Phase.REASONING: counts[Phase.REASONING],
+            Phase.ANSWER: 0,
+            Phase.TOOL_CALL: counts[Phase.ANSWER] + counts[Phase.TOOL_CALL],
+        }
+
+    @property
+    def seen(self) -> int:
+        return self.inner.seen
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.inner.reasoning_tokens
+
+    def feed(self, token_ids: Sequence[int], text: str = "") -> list[Transition]:
+        return [Transition(change.index, _forced(change.phase)) for change in self.inner.feed(list(token_ids), text)]
+
+
+def _forced(phase: Phase) -> Phase:
+    return Phase.TOOL_CALL if phase is Phase.ANSWER else phase

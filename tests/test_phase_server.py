@@ -97,6 +97,26 @@ def test_phase_switching_leaves_tool_calls_unchanged(base_url: str, model_name: 
     assert "reasoning" in switched["phasespec"]["phases"]
 
 
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_forced_tool_call_is_tracked_and_drafted_as_tool_call(base_url: str, model_name: str, choice: str) -> None:
+    """Under tool_choice required or named vLLM writes the call as constrained JSON with no
+    markup after reasoning: phasespec tracks it as tool_call and verifies tool_call's depth there."""
+    from tests.test_api import NAMED_CHOICE, WEATHER_TOOL
+
+    tool_choice = NAMED_CHOICE if choice == "named" else "required"
+    depths = {"reasoning": 0, "answer": 3, "tool_call": 1}
+    reply = chat(
+        base_url, model_name, tools=[WEATHER_TOOL], tool_choice=tool_choice, max_tokens=150,
+        phasespec={"stats": True, "depths": depths},
+    ).json()  # fmt: skip
+    assert reply["choices"][0]["message"]["tool_calls"], reply
+    phases = reply["phasespec"]["phases"]
+    assert "answer" not in phases and phases["tool_call"]["tokens"] > 0
+    assert phases["tool_call"]["drafted"] > 0 and max_drafted(phases["tool_call"]) == 1
+    assert [entry[1:] for entry in reply["phasespec"]["depth_timeline"]] == [["reasoning", 0], ["tool_call", 1]]
+    assert reply["phasespec"]["time_to_first_answer_s"] is not None
+
+
 def test_canonical_log_line_and_metrics_carry_phases(base_url: str, model_name: str, server_log: Path) -> None:
     reply = chat(base_url, model_name, max_tokens=90).json()
     text = server_log.read_text().splitlines()
