@@ -114,8 +114,8 @@ def test_sigterm_shuts_down_and_leaves_no_process(guarded: ServerProcess) -> Non
     children = psutil.Process(guarded.proc.pid).children(recursive=True)
     assert children, "vLLM's engine core runs as a child process"
     code = guarded.stop()
-    # uvicorn re-raises the SIGTERM it handled once shutdown is complete.
-    assert code in (0, -15), guarded.log_tail()
+    # A drained SIGTERM is a clean stop (proxy/cli.py): status 0, as docs/operations.md promises.
+    assert code == 0, guarded.log_tail()
     assert "Application shutdown complete" in guarded.log_tail()
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, [(p.pid, p.name()) for p in alive]
