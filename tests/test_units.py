@@ -160,6 +160,23 @@ def test_vllm_tls_and_h11_flags_reach_uvicorn_as_vllm_serve_passes_them() -> Non
     assert plain == {"ssl_cert_reqs": 0, "access_log": True}  # vLLM's defaults: no TLS, access log on
 
 
+@pytest.mark.parametrize(("flag", "setting"), [("--host", "--server.host"), ("--port", "--server.port")])
+def test_vllm_host_and_port_flags_are_refused_naming_the_phasespec_setting(flag: str, setting: str) -> None:
+    from engine.args import SettingsError, build_vllm_namespace
+
+    with pytest.raises(SettingsError, match=setting):
+        build_vllm_namespace(Settings.from_command_line(["--max-model-len", "1024", flag, "8070"]))
+
+
+def test_vllm_help_lists_the_engine_flags() -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "proxy.cli", "--vllm-help"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--speculative-config" in done.stdout and "--max-model-len" in done.stdout
+
+
 def test_engine_flags_still_pass() -> None:
     from engine.args import build_vllm_namespace
 
