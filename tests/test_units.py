@@ -182,3 +182,27 @@ def test_engine_flags_still_pass() -> None:
 
     args = build_vllm_namespace(Settings.from_command_line(["--max-model-len", "1024"]))
     assert args.max_model_len == 1024
+
+
+def test_request_defaults_hold_eos_through_the_budget_and_a_request_s_own_values_win() -> None:
+    """The embedded model's defaults (engine/llm.py apply_defaults), on vLLM's own SamplingParams."""
+    from vllm import SamplingParams
+
+    from engine.llm import RequestDefaults, apply_defaults
+
+    defaults = RequestDefaults(thinking_token_budget=48, hold_eos_while_thinking=True)
+    plain = SamplingParams(max_tokens=100)
+    apply_defaults(plain, defaults, reasoning_end_len=9)
+    assert plain.thinking_token_budget == 48 and plain.min_tokens == 48 + 9 + 1
+    own_budget = SamplingParams(max_tokens=100, thinking_token_budget=10)
+    apply_defaults(own_budget, defaults, reasoning_end_len=9)
+    assert own_budget.thinking_token_budget == 10 and own_budget.min_tokens == 10 + 9 + 1
+    own_min = SamplingParams(max_tokens=100, min_tokens=3)
+    apply_defaults(own_min, defaults, reasoning_end_len=9)
+    assert own_min.min_tokens == 3
+    short = SamplingParams(max_tokens=20)
+    apply_defaults(short, defaults, reasoning_end_len=9)
+    assert short.min_tokens == 20, "never more than max_tokens"
+    off = SamplingParams(max_tokens=100)
+    apply_defaults(off, RequestDefaults(thinking_token_budget=48, hold_eos_while_thinking=False), reasoning_end_len=9)
+    assert off.min_tokens == 0
