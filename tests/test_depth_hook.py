@@ -123,9 +123,13 @@ async def test_raising_depth_lands_within_one_step(engine: PhasespecLLM) -> None
     ((applied_step, _, _),) = [entry for entry in final["depth_log"] if entry[2] == "after"]
     assert max((t[1] for t in final["trace"] if t[0] <= applied_step), default=0) <= 1
     # The drafts for step applied+1 were proposed before the call arrived, at the
-    # batch's old drafting count; from applied+2 on the drafter proposes K.
-    later = [t[1] for t in final["trace"] if t[0] >= applied_step + 2]
-    assert later and max(later) > 1
+    # batch's old drafting count; from applied+2 on the drafter proposes K (one step later
+    # again under async scheduling, as for lowering).
+    # ngram proposes only where the text repeats, so verify steps can be sparse: the first one
+    # from there on must verify more than one draft (it would verify one if the raise were late).
+    lag = 1 if (await engine.spec_hook_path())["scheduler"] == "async" else 0
+    landed = [t for t in final["trace"] if t[0] >= applied_step + 2 + lag]
+    assert landed and landed[0][1] > 1, (applied_step, final["trace"])
     assert max(t[1] for t in final["trace"]) <= K
 
 
@@ -201,7 +205,9 @@ async def test_unknown_request_is_a_no_op_and_bad_depth_an_error(engine: Phasesp
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: PhasespecLLM) -> None:
+async def test_adaptive_keeps_greedy_outputs_identical_through_its_random_steps(engine: PhasespecLLM) -> None:
+    """On this engine (flat step cost at batch 1) the controller decides depth K; what moves
+    depths here are its random exploration steps, which must not change the output."""
     finals = []
     for i in range(N_PROMPTS):
         text = copy_prompt(i)
@@ -215,10 +221,6 @@ async def test_adaptive_keeps_greedy_outputs_identical_and_moves_depths(engine: 
     assert all(f is not None for f in finals) and sum(1 for f in finals if f and f["decisions_total"]) >= N_PROMPTS // 2
     if (await engine.spec_hook_path())["adaptive_unit"] == "request":  # one depth per step: no random moves
         assert sum(f["explored_steps"] for f in finals if f) > 0
-    drafted_counts = {
-        n for f in finals if f for c in f["phases"].values() for n, s in enumerate(c["steps_by_drafted"]) if s
-    }
-    assert len(drafted_counts) >= 2, "the controller verified more than one depth"
 
 
 async def skip_without_shadow_drafts(engine: PhasespecLLM) -> None:

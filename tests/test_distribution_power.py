@@ -1,4 +1,4 @@
-"""The sampling-fidelity comparison (tests/distribution.py) and its power, on a test double.
+"""The sampling-fidelity comparison (load/distribution.py) and its power, on a test double.
 
 The double is a toy speculative sampler: a target distribution for two tokens, a deterministic
 drafter for the second, and vLLM's rule for a deterministic draft (accept with the target's
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.distribution import permutation_p_value, tv_distance
+from load.distribution import permutation_p_value, tv_distance
 
 N = 400
 """Samples per arm, as in tests/test_sampling_fidelity.py."""

