@@ -50,7 +50,7 @@ async def test_decode_steps_are_padded_to_the_profile_and_overruns_counted(engin
 
 
 @pytest.mark.xfail(
-    reason="since stop 25 the controller decides depth 1 on ~40% of reasoning steps here (5 of 7 runs on "
+    reason="since stop 25 the controller decides depth 1 on ~40% of reasoning steps here (6 of 7 runs on "
     "2026-12-02; the stop-24 commit passed): not understood yet, see the stop-25 note; first thing to fix",
     strict=False,
 )
