@@ -145,18 +145,17 @@ class RequestObserver:
         now = time.monotonic()
         before = dict(self.tracker.tokens)
         changes = self.tracker.feed(ids, text)
+        added = {p: n - before[p] for p, n in self.tracker.tokens.items()}
         if self.first_token_at is None:
             self.first_token_at = now
         elif self.last_at is not None:
             # The time since the last output went into this delta's tokens.
-            added = {p: self.tracker.tokens[p] - before[p] for p in Phase}
             for phase, n in added.items():
                 if n:
                     self.decode_s[phase] += (now - self.last_at) * n / len(ids)
                     self.decode_tokens[phase] += n
         self.last_at = now
-        after_reasoning = (Phase.ANSWER, Phase.TOOL_CALL)
-        if self.first_answer_at is None and any(self.tracker.tokens[p] > before[p] for p in after_reasoning):
+        if self.first_answer_at is None and (added[Phase.ANSWER] or added[Phase.TOOL_CALL]):
             self.first_answer_at = now
         if not changes:
             return None

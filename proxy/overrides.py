@@ -69,10 +69,7 @@ def mark_forced_tool_call(data: dict[str, Any]) -> bool:
     choice = data.get("tool_choice")
     if not data.get("tools") or not (choice == "required" or isinstance(choice, dict)):
         return False
-    existing = data.get("vllm_xargs") or {}
-    if not isinstance(existing, dict):
-        raise OverrideError("'vllm_xargs' must be an object", "vllm_xargs")
-    data["vllm_xargs"] = {**existing, XARG_FORCED_TOOL: 1}
+    _add_xargs(data, {XARG_FORCED_TOOL: 1})
     return True
 
 
@@ -82,9 +79,13 @@ def apply_overrides(data: dict[str, Any], max_depth: int) -> bool:
         return False
     options = data.get("stream_options") or {}
     stream_usage = bool(data.get("stream")) and isinstance(options, dict) and bool(options.get("include_usage"))
-    xargs = override_xargs(data.pop(FIELD), max_depth, stream_usage)
+    _add_xargs(data, override_xargs(data.pop(FIELD), max_depth, stream_usage))
+    return True
+
+
+def _add_xargs(data: dict[str, Any], xargs: dict[str, int | str]) -> None:
+    """Merge into the body's ``vllm_xargs`` (vLLM's channel to ``SamplingParams.extra_args``)."""
     existing = data.get("vllm_xargs") or {}
     if not isinstance(existing, dict):
         raise OverrideError("'vllm_xargs' must be an object", "vllm_xargs")
     data["vllm_xargs"] = {**existing, **xargs}
-    return True

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -97,12 +99,7 @@ def test_adaptive_policy_caps_only_the_phases_the_user_set() -> None:
 
 
 def test_the_old_switching_flag_is_refused_naming_the_new_one() -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "--phases.switching", "false"], capture_output=True, text=True, timeout=60
-    )
+    done = _phasespec_command("--phases.switching", "false")
     assert done.returncode == 1 and "--phases.policy" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -117,12 +114,7 @@ def test_emulation_is_off_by_default_and_a_bad_spec_is_a_settings_error() -> Non
 
 
 def test_the_command_refuses_a_bad_setting_with_a_message_not_a_traceback() -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "--server.log_level", "loud"], capture_output=True, text=True, timeout=60
-    )
+    done = _phasespec_command("--server.log_level", "loud")
     assert done.returncode == 1
     assert "phasespec: invalid settings" in done.stderr and "unknown log level 'loud'" in done.stderr
     assert "Traceback" not in done.stderr
@@ -169,11 +161,7 @@ def test_vllm_host_and_port_flags_are_refused_naming_the_phasespec_setting(flag:
 
 
 def test_vllm_help_lists_the_engine_flags() -> None:
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "proxy.cli", "--vllm-help"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    done = _phasespec_command("--vllm-help")
     assert done.returncode == 0 and "--speculative-config" in done.stdout and "--max-model-len" in done.stdout
 
 
@@ -206,3 +194,8 @@ def test_request_defaults_hold_eos_through_the_budget_and_a_request_s_own_values
     off = SamplingParams(max_tokens=100)
     apply_defaults(off, RequestDefaults(thinking_token_budget=48, hold_eos_while_thinking=False), reasoning_end_len=9)
     assert off.min_tokens == 0
+
+
+def _phasespec_command(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``phasespec`` command as users run it (``proxy/cli.py``), in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=120)
