@@ -27,7 +27,7 @@ from typing import Any
 
 from load.adaptive_report import adaptive_targets, read_cells
 from load.policy_report import Cell, Policy, add_phase, cost_curve, policy_grid, summarize, write_chart, write_csv
-from load.workload import chat_prompt, copy_prompt
+from load.workload import WORKLOADS, chat_prompt, workload_prompt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +36,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=2, help="repetitions of every cell")
     parser.add_argument(
         "--prompts", type=int, default=20, help="requests per cell (distinct prompts); at least the concurrency"
+    )
+    parser.add_argument(
+        "--requests-per-slot",
+        type=int,
+        default=1,
+        help="a cell sends max(--prompts, this x concurrency) requests: longer cells at high concurrency",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="copy",
+        help="copy: every request repeats and explains a sentence; mixed: copy requests alternate with "
+        "open questions (load/workload.py)",
     )
     parser.add_argument("--reasoning-budget", type=int, default=48, help="thinking tokens per request")
     parser.add_argument("--answer-tokens", type=int, default=16, help="answer tokens per request")
@@ -98,7 +111,7 @@ async def run_cell(
     concurrency: int,
     rep: int,
     cfg: argparse.Namespace,
-    prompts: list[dict[str, Any]],
+    prompts: list[tuple[str, dict[str, Any]]],
     end_len: int,
     reference: dict[int, list[int]] | None,
 ) -> tuple[Cell, list[list[Any]], list[list[int]]]:
@@ -127,11 +140,13 @@ async def run_cell(
         rid = f"bench-{policy.name}-c{concurrency}-r{rep}-{i}"
         async with gate:
             # The chat template opened <think>: tell the observer, as vLLM's chat server does.
-            async for output in engine.generate(prompts[i], params, rid, reasoning_ended=False):
+            async for output in engine.generate(prompts[i][1], params, rid, reasoning_ended=False):
                 outputs[i] = list(output.outputs[0].token_ids)
         report = board.take(rid, has_usage=True, is_last=True) or {}
+        kind = cell.kinds.setdefault(prompts[i][0], {})
         for name, counters in report.get("phases", {}).items():
             add_phase(cell.phases.setdefault(name, {}), counters)
+            add_phase(kind.setdefault(name, {}), counters)
         if policy.adaptive:
             keys = ("decisions", "decisions_total", "explored_steps")
             cell.decisions.append({"request": i, **{key: report.get(key) for key in keys}})
@@ -190,8 +205,15 @@ async def main_async(cfg: argparse.Namespace) -> Path:
         reasoning = engine.vllm_config.reasoning_config
         end_len = len(reasoning.reasoning_end_token_ids or ()) if reasoning is not None else 0
         concurrencies = [int(c) for c in cfg.concurrency.split(",")]
-        # A cell sends max(--prompts, concurrency) requests, so every slot is used at least once.
-        prompts = [chat_prompt(engine, copy_prompt(i)) for i in range(max(cfg.prompts, *concurrencies))]
+
+        # A cell sends max(--prompts, requests-per-slot x concurrency) requests: every slot is used.
+        def requests(conc: int) -> int:
+            return max(cfg.prompts, cfg.requests_per_slot * conc)
+
+        prompts = []
+        for i in range(max(requests(c) for c in concurrencies)):
+            kind, text = workload_prompt(cfg.workload, i)
+            prompts.append((kind, chat_prompt(engine, text)))
         # Greedy reference: the uncapped engine (depth K everywhere), concurrency 1.
         ref_cell, _, ref_outputs = await run_cell(
             engine, board, Policy(k, k), 1, -1, cfg, prompts[: cfg.prompts], end_len, None
@@ -200,9 +222,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
         log(f"reference run: {ref_cell.tok_s:.1f} tok/s; {len(policies)} policies x {concurrencies} x {cfg.reps} reps")
         adaptive = [p for p in policies if p.adaptive]
         for _, conc, policy in itertools.product(range(cfg.warmup), concurrencies, adaptive):
-            warm, _, _ = await run_cell(
-                engine, board, policy, conc, -1, cfg, prompts[: max(cfg.prompts, conc)], end_len, None
-            )
+            warm, _, _ = await run_cell(engine, board, policy, conc, -1, cfg, prompts[: requests(conc)], end_len, None)
             log(f"warm-up c={conc:<3} {policy.name:<9} {warm.tok_s:7.1f} tok/s (discarded)")
         await engine.drain_step_log()
         for rep, conc in itertools.product(range(cfg.reps), concurrencies):
@@ -218,7 +238,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                     conc,
                     rep,
                     cfg,
-                    prompts[: max(cfg.prompts, conc)],
+                    prompts[: requests(conc)],
                     end_len,
                     reference if conc == 1 else None,
                 )
@@ -244,6 +264,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 "hook_us_per_step": None if c.hook_us_per_step is None else round(c.hook_us_per_step, 1),
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),
+                "kinds": json.dumps(c.kinds),
             }
             for c in cells
         ],
@@ -258,6 +279,8 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     if emulation:
         log(f"EMULATED step cost {emulation['step_ms']} ms: {emulation['overrun_share']:.2%} of steps overran it")
     print_summary(rows)
+    if cfg.workload != "copy":
+        print_kinds(cells)
     if any(p.adaptive for p in policies):
         print("\n".join(adaptive_targets(read_cells([out]))))
     log(f"wrote {out}")
@@ -285,6 +308,21 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     print(" ".join(f"{title:>{width}}" for _, title, width in SUMMARY_COLUMNS))
     for row in rows:
         print(" ".join(f"{'-' if row[key] is None else row[key]!s:>{width}}" for key, _, width in SUMMARY_COLUMNS))
+
+
+def print_kinds(cells: list[Cell]) -> None:
+    """Acceptance (accepted / drafted) per kind of request and phase, summed over each policy's cells."""
+    totals: dict[tuple[int, str, str, str], list[int]] = {}
+    for c in cells:
+        for kind, phases in c.kinds.items():
+            for phase, counters in phases.items():
+                into = totals.setdefault((c.concurrency, c.policy.name, kind, phase), [0, 0])
+                into[0] += counters.get("accepted", 0)
+                into[1] += counters.get("drafted", 0)
+    print("conc policy kind phase acceptance (accepted/drafted)")
+    for (conc, policy, kind, phase), (accepted, drafted) in sorted(totals.items()):
+        if drafted:
+            print(f"{conc} {policy} {kind} {phase} {accepted / drafted:.3f} ({accepted}/{drafted})")
 
 
 def log(message: str) -> None:

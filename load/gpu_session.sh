@@ -5,14 +5,14 @@
 # STEPS picks a subset (default: all, in this order).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"tests-selfdraft-async bench-selfdraft-async bench-selfdraft-fdo tests-ngramgpu-fdo"}
+STEPS=${STEPS:-"tests-selfdraft-async bench-selfdraft-async bench-mixed bench-selfdraft-fdo tests-ngramgpu-fdo"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
 GPU='"--no-enforce-eager", "--dtype", "bfloat16", "--gpu-memory-utilization", "0.3"'
 FDO='"--compilation-config", "{\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}"'
 NGRAM_GPU='"--speculative-config", "{\"method\": \"ngram_gpu\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}"'
-POLICIES=0:0,1:1,2:2,3:3,1:2,adaptive,3:3=aa
+POLICIES=0:0,1:1,2:2,3:3,1:2,adaptive,1:1=aa
 TESTS="tests/test_self_draft.py tests/test_depth_hook.py tests/test_phase_server.py tests/test_api.py"
 
 step() {
@@ -29,8 +29,12 @@ for s in $STEPS; do
       step "$s" python3 -m pytest -p no:cacheprovider -rA $TESTS ;;
   bench-selfdraft-async)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --concurrency 1,4,16,64 --reps 3 --prompts 16 \
-      --policies "$POLICIES" --out "$RES/$s" ;;
+      step "$s" python3 -m load.bench_policies --concurrency 1,4,16,64 --reps 3 --prompts 8 \
+      --requests-per-slot 3 --policies "$POLICIES" --out "$RES/$s" ;;
+  bench-mixed)  # copy requests (high acceptance) alternating with open questions (low)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --workload mixed --concurrency 4,16 --reps 3 --prompts 8 \
+      --requests-per-slot 3 --policies 0:0,1:1,2:2,3:3,1:3,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-selfdraft-fdo)  # mixed depths under FULL_DECODE_ONLY (the user's graph mode)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\", $FDO]" \
       step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 3 --prompts 16 \

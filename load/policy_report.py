@@ -67,6 +67,8 @@ class Cell:
     """Adaptive cells: per request, its depth changes and the estimates behind them."""
     hook_us_per_step: float | None = None
     """CPU time the depth hook added per engine step (engine/hook.py OwnTime)."""
+    kinds: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """Per kind of request (the workload's ``copy``/``free``), the per-phase totals."""
 
     @property
     def tok_s(self) -> float:

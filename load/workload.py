@@ -1,8 +1,10 @@
-"""The benchmark and test workload: copy-style reasoning prompts.
+"""The benchmark and test workloads: copy-style and free reasoning prompts.
 
 Asking the model to repeat and then explain a sentence gives ngram drafting
 something to match, as real reasoning models' answers restate their
 reasoning. The embedded model reasons for its thinking budget, then answers.
+The mixed workload alternates those with open questions that give a drafter
+nothing to copy (``free_prompt``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,33 @@ def copy_prompt(i: int) -> str:
     sentence = SENTENCES[i % len(SENTENCES)]
     template = INSTRUCTIONS[(i // len(SENTENCES)) % len(INSTRUCTIONS)]
     return template.format(s=sentence)
+
+
+TOPICS = [
+    "why the sky changes colour at sunset",
+    "how a city could cut its traffic",
+    "what makes a good teacher",
+    "whether robots should pay taxes",
+    "how bees decide where to build a hive",
+    "what life on a ship a thousand years ago was like",
+]
+FREE = [
+    "Think freely about {t} and give your own view in a few words.",
+    "Invent an unusual story about {t}, then sum it up.",
+]
+WORKLOADS = ("copy", "mixed")
+
+
+def free_prompt(i: int) -> str:
+    """Open question i: nothing in the prompt to copy; distinct for i < 12."""
+    return FREE[(i // len(TOPICS)) % len(FREE)].format(t=TOPICS[i % len(TOPICS)])
+
+
+def workload_prompt(workload: str, i: int) -> tuple[str, str]:
+    """(kind, text) of request i: the copy workload, or copy and free requests alternating."""
+    if workload == "mixed" and i % 2:
+        return "free", free_prompt(i // 2)
+    return "copy", copy_prompt(i // 2 if workload == "mixed" else i)
 
 
 def chat_prompt(engine: Any, text: str) -> dict[str, Any]:
