@@ -111,6 +111,8 @@ class RequestObserver:
     first_answer_at: float | None = None
     last_at: float | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    """vLLM's: None for EOS, the token id for a stop token, the string for a stop string."""
     decode_s: dict[Phase, float] = field(default_factory=lambda: dict.fromkeys(Phase, 0.0))
     decode_tokens: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
     timeline: list[tuple[float, str, int]] = field(default_factory=list)
@@ -118,6 +120,16 @@ class RequestObserver:
     @property
     def adaptive(self) -> bool:
         return self.depths is not None and self.depths.adaptive
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens of reasoning text. A response that stops inside its reasoning on EOS or a stop
+        token id ends on a token the tracker counted as reasoning, but it is no text."""
+        count = self.tracker.reasoning_tokens
+        ended_on_token = self.finish_reason == "stop" and not isinstance(self.stop_reason, str)
+        if ended_on_token and self.tracker.phase is Phase.REASONING:
+            count -= 1
+        return max(count, 0)
 
     def start(self) -> SpecRequest:
         self.depth = choose_depth(self.tracker.phase, self.depths, self.max_depth)
@@ -135,6 +147,7 @@ class RequestObserver:
             return None
         if completion.finish_reason is not None:
             self.finish_reason = completion.finish_reason
+            self.stop_reason = completion.stop_reason
         ids = list(completion.token_ids)
         text = completion.text or ""
         if self.cumulative:
@@ -198,7 +211,7 @@ class RequestObserver:
             "ttft_s": _since(self.started, self.first_token_at),
             "time_to_first_answer_s": _since(self.started, self.first_answer_at),
             "phases": phases,
-            "reasoning_tokens": self.tracker.reasoning_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
             "policy": "adaptive" if self.adaptive else ("static" if self.depths is not None else "off"),
             "depth_timeline": [list(entry) for entry in self.timeline],
         }
@@ -211,7 +224,7 @@ class RequestObserver:
         # Only chat completions report reasoning in usage; their engine request id
         # is the response id (completions add a per-prompt suffix).
         if self.usage is not None and not aborted and self.single and self.request_id.startswith("chatcmpl-"):
-            self.usage.note_reasoning(self.request_id, self.tracker.reasoning_tokens)
+            self.usage.note_reasoning(self.request_id, self.reasoning_tokens)
         return report
 
 

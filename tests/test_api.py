@@ -194,6 +194,46 @@ def test_usage_counts_the_reasoning_tokens_vllm_returns(
     assert usage.completion_tokens_details.reasoning_tokens == len(streamed_reasoning) == len(reasoning)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_usage_counts_no_reasoning_token_for_the_stop_token_that_ends_the_reasoning(
+    client: openai.OpenAI, model_name: str, embedded_tokenizer: Any, stream: bool
+) -> None:
+    """A response that stops inside its reasoning on a stop token id (as on EOS): the stop token
+    is in the token ids but is no reasoning text, so the count is the tokens before it.
+    ``min_tokens: 1`` (the request's own) lifts the server's EOS hold, which masks stop tokens
+    until the thinking budget; it masks the first token, so the earliest stop is at 1."""
+    first = client.chat.completions.create(**_chat(model_name), extra_body={"return_token_ids": True})
+    reasoning = _reasoning_ids(embedded_tokenizer, first.choices[0].model_dump()["token_ids"])
+    later = next(i for i in range(3, len(reasoning)) if reasoning[i] not in reasoning[:i])
+    for stop_at in (1, later):
+        assert reasoning[stop_at] not in reasoning[:stop_at]
+        body = {"return_token_ids": True, "stop_token_ids": [reasoning[stop_at]], "min_tokens": 1}
+        ids, text, usage, finish = list[int](), "", None, None
+        if stream:
+            chunks = client.chat.completions.create(
+                **_chat(model_name), stream=True, stream_options={"include_usage": True}, extra_body=body
+            )
+            for chunk in chunks:
+                usage = chunk.usage or usage
+                for streamed in chunk.choices:
+                    text += getattr(streamed.delta, "reasoning", None) or ""
+                    ids += streamed.model_dump().get("token_ids") or []
+                    finish = streamed.finish_reason or finish
+        else:
+            response = client.chat.completions.create(**_chat(model_name), extra_body=body)
+            choice = response.choices[0].model_dump()
+            ids, text, usage, finish = (
+                choice["token_ids"],
+                choice["message"]["reasoning"] or "",
+                response.usage,
+                choice["finish_reason"],
+            )
+        assert finish == "stop" and ids == reasoning[: stop_at + 1], (stop_at, ids)
+        assert text.strip() == embedded_tokenizer.decode(reasoning[:stop_at], skip_special_tokens=True).strip()
+        assert usage is not None and usage.completion_tokens_details is not None
+        assert usage.completion_tokens_details.reasoning_tokens == stop_at
+
+
 @pytest.mark.xfail(
     find_vllm().version.startswith(("0.27.", "0.31.")),
     reason="on vLLM 0.27.1 and 0.31.0, with phasespec's worker fix applied, one of 40 requests still ends "
