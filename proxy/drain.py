@@ -1,8 +1,9 @@
 """Draining shutdown: finish what is in flight, within a grace period, then cut.
 
 On SIGTERM (proxy/cli.py) the HTTP server stops listening, so new connections
-are refused and a load balancer's health check fails over; a request that
-still arrives on an open keep-alive connection gets 503 with ``Retry-After``.
+are refused and a load balancer's health check fails over, and uvicorn closes
+idle keep-alive connections on its next tick (0.1 s); a request that lands
+before that tick gets 503 with ``Retry-After``.
 Requests in flight run on for up to the grace period, which is vLLM's own
 ``--shutdown-timeout`` (0, vLLM's default, means abort at once, as ``vllm
 serve`` does). When it expires, every response still running is cut here: a
