@@ -13,9 +13,9 @@ extension points:
   positions (not under data parallelism, where ranks must draft in lockstep).
 - ``SamplingParams.extra_args[EXTRA_KEY]`` carries the initial depth, phase tag
   and caller id to the scheduler's ``Request``.
-- Engine-core utility calls (``phasespec_*`` methods added to ``EngineCore``
-  when this module is imported in the engine-core process, which resolving
-  the scheduler class does) change depths between steps and read counters.
+- Engine-core utility calls (``phasespec_*`` methods, added to ``EngineCore``
+  by ``install_utilities`` when the engine core builds its ``DepthScheduler``)
+  change depths between steps and read counters.
 - Counters are fed from ``make_spec_decoding_stats``, the exact call that
   feeds vLLM's Prometheus spec-decode counters, so they agree to the token.
 
@@ -31,8 +31,6 @@ from typing import Any
 
 from engine.compat import require_vllm
 
-EXTRA_KEY = "phasespec"
-
 require_vllm()  # before touching any internal below: names whatever is missing
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
@@ -45,7 +43,7 @@ from vllm.v1.request import Request  # noqa: E402
 from engine.acceptance import Resolved, ShadowBook  # noqa: E402
 from engine.controller import ControllerSettings, DepthController, Planned, StepPlan  # noqa: E402
 from engine.emulation import PadCounter, StepEmulation  # noqa: E402
-from engine.spec_stats import DEFAULT_PHASE, SpecLedger  # noqa: E402
+from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger  # noqa: E402
 
 ANSWER_PHASES = ("answer", "tool_call")
 """Phase tags after reasoning (proxy/phases.py), where no thinking budget counts."""
@@ -93,6 +91,7 @@ class DepthScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        install_utilities()  # in the engine-core process, before any utility call reaches it
         options = hook_options(self.vllm_config)
         self.spec_ledger = SpecLedger(self.num_spec_tokens)
         adaptive = dict(options.get("adaptive", {}))
@@ -419,5 +418,9 @@ UTILITY_METHODS = {
     "phasespec_controller_state": _controller_state,
     "phasespec_configure_controller": _configure_controller,
 }
-for _name, _method in UTILITY_METHODS.items():
-    setattr(EngineCore, _name, _method)
+
+
+def install_utilities() -> None:
+    """Give vLLM's ``EngineCore`` the ``phasespec_*`` utility methods (idempotent)."""
+    for name, method in UTILITY_METHODS.items():
+        setattr(EngineCore, name, method)

@@ -20,8 +20,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from engine.compat import call_utility_all
-from engine.hook import EXTRA_KEY
-from engine.spec_stats import DEFAULT_PHASE, validate_depth
+from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, validate_depth
 
 logger = logging.getLogger("phasespec.engine")
 

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
-from engine.hook import EXTRA_KEY, scheduler_class
+from engine.hook import scheduler_class
 from engine.llm import PhasespecLLM, RequestDefaults
+from engine.spec_stats import EXTRA_KEY
 from engine.vllm_fixes import WORKER_EXTENSION
 
 

@@ -16,6 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+EXTRA_KEY = "phasespec"
+"""phasespec's key in ``SamplingParams.extra_args`` (a request's depth metadata) and in
+``additional_config`` (the engine-side options)."""
 DEFAULT_PHASE = "default"
 DECISION_LOG_CAP = 64
 
