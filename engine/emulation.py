@@ -21,6 +21,7 @@ Profiles:
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 PROFILES = {"moe-offload": (7.0, 48.0)}
@@ -67,6 +68,17 @@ class StepEmulation:
 class PadCounter:
     padded: int = 0
     overrun: int = 0
+
+    def pad(self, emulation: StepEmulation, elapsed_s: float, tokens: int) -> float:
+        """The step's emulated duration: sleeps (in the engine core) until the target when the
+        real step was faster, else counts an overrun and keeps the real time."""
+        target = emulation.target_s(tokens)
+        if elapsed_s >= target:
+            self.overrun += 1
+            return elapsed_s
+        time.sleep(target - elapsed_s)
+        self.padded += 1
+        return target
 
     def as_dict(self) -> dict[str, float | int]:
         total = self.padded + self.overrun

@@ -43,9 +43,9 @@ from vllm.v1.request import Request  # noqa: E402
 from engine.acceptance import Resolved, ShadowBook  # noqa: E402
 from engine.controller import ControllerSettings, DepthController, Planned, StepPlan  # noqa: E402
 from engine.emulation import PadCounter, StepEmulation  # noqa: E402
-from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger  # noqa: E402
+from engine.spec_stats import ANSWER, DEFAULT_PHASE, EXTRA_KEY, TOOL_CALL, SpecLedger  # noqa: E402
 
-ANSWER_PHASES = ("answer", "tool_call")
+ANSWER_PHASES = (ANSWER, TOOL_CALL)
 """Phase tags after reasoning (proxy/phases.py), where no thinking budget counts."""
 
 
@@ -288,14 +288,9 @@ class DepthScheduler(Scheduler):
             return now - self._last_update if self._last_update and started < self._last_update else None
         elapsed = now - started
         if self.emulation is not None:
-            target = self.emulation.target_s(tokens)
-            if elapsed < target:
-                time.sleep(target - elapsed)
-                self.own_time.seconds -= target - elapsed  # emulated device time, not the hook's
-                self.pads.padded += 1
-                elapsed = target
-            else:
-                self.pads.overrun += 1
+            padded = self.pads.pad(self.emulation, elapsed, tokens)
+            self.own_time.seconds -= padded - elapsed  # emulated device time, not the hook's
+            elapsed = padded
         return elapsed
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:

@@ -19,7 +19,11 @@ from typing import Any
 EXTRA_KEY = "phasespec"
 """phasespec's key in ``SamplingParams.extra_args`` (a request's depth metadata) and in
 ``additional_config`` (the engine-side options)."""
+REASONING, ANSWER, TOOL_CALL = "reasoning", "answer", "tool_call"
+PHASES = (REASONING, ANSWER, TOOL_CALL)
+"""The phase tags: the front end tracks them (proxy/phases.py), the hook counts by them."""
 DEFAULT_PHASE = "default"
+"""The tag of a request no phase tracker follows."""
 DECISION_LOG_CAP = 64
 
 

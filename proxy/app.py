@@ -22,13 +22,13 @@ from engine.args import apply_environment, build_vllm_namespace, hook_options, r
 from engine.compat import require_vllm, serving
 from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
+from engine.spec_stats import PHASES as PHASE_NAMES
 from proxy.admission import AdmissionMiddleware
 from proxy.auth import ApiKeyMiddleware
 from proxy.body import BodyMiddleware
 from proxy.chat_rewrite import ChatRewriteMiddleware, alias_reasoning_content, attach_stats, fill_reasoning_tokens
 from proxy.drain import Drain, DrainMiddleware
 from proxy.observer import ObserverFactory, StatsBoard
-from proxy.overrides import PHASES as PHASE_NAMES
 from proxy.phase_plan import plan_from_vllm
 from proxy.policy import ADAPTIVE, PhaseDepths
 from proxy.state import router as state_router

@@ -19,6 +19,7 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
 from engine.llm import SpecRequest
+from engine.spec_stats import PHASES
 from proxy.metrics import phase_metrics
 from proxy.phase_plan import PhasePlan
 from proxy.phases import ForcedToolCall, ParserTracker, Phase, PhaseTracker
@@ -251,9 +252,7 @@ class ObserverFactory:
         if policy in self.policies:
             depths = self.policies[policy]
         override: dict[str, Any] = {
-            name: int(xargs[XARG_DEPTH + name])
-            for name in ("reasoning", "answer", "tool_call")
-            if XARG_DEPTH + name in xargs
+            name: int(xargs[XARG_DEPTH + name]) for name in PHASES if XARG_DEPTH + name in xargs
         }
         if override:
             depths = replace(depths or PhaseDepths(), **override)

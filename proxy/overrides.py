@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.spec_stats import PHASES
 from proxy.observer import XARG_DEPTH, XARG_EXPECT_USAGE, XARG_FORCED_TOOL, XARG_POLICY, XARG_STATS
 
 FIELD = "phasespec"
-PHASES = ("reasoning", "answer", "tool_call")
 POLICIES = ("static", "adaptive")
 
 

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from engine import spec_stats
+
 
 class Phase(StrEnum):
-    REASONING = "reasoning"
-    ANSWER = "answer"
-    TOOL_CALL = "tool_call"
+    REASONING = spec_stats.REASONING
+    ANSWER = spec_stats.ANSWER
+    TOOL_CALL = spec_stats.TOOL_CALL
 
 
 @dataclass(frozen=True, slots=True)
