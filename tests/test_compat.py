@@ -45,13 +45,35 @@ def test_tested_releases_are_known_by_distribution_and_version(found: Found, tes
     assert found.tested is tested
 
 
-def test_a_fork_outside_the_tested_releases_starts_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("fork", ["lvllm", "my-vllm-build"])
+def test_a_fork_is_found_by_the_package_it_provides_and_starts_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fork: str
 ) -> None:
-    monkeypatch.setattr(compat, "find_vllm", lambda: Found("lvllm", "2.3.10"))
+    """A fork installs the ``vllm`` package under its own distribution name; the installed
+    distribution list (what stands outside phasespec) is all that is replaced here."""
+    installed = {fork: "2.3.10"}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise compat.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(compat, "packages_distributions", lambda: {"vllm": [fork]})
+    monkeypatch.setattr(compat, "version", version)
+    assert find_vllm() == Found(fork, "2.3.10")
     with caplog.at_level(logging.WARNING, logger="phasespec.compat"):
-        assert require_vllm() == Found("lvllm", "2.3.10")
-    assert "lvllm 2.3.10 is not a tested vLLM release (0.26.0, 0.27.1, 0.31.0, 0.32.0)" in caplog.text
+        assert require_vllm() == Found(fork, "2.3.10")
+    assert f"{fork} 2.3.10 is not a tested vLLM release (0.26.0, 0.27.1, 0.31.0, 0.32.0)" in caplog.text
+
+
+def test_no_vllm_installed_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def version(name: str) -> str:
+        raise compat.PackageNotFoundError(name)
+
+    monkeypatch.setattr(compat, "packages_distributions", lambda: {})
+    monkeypatch.setattr(compat, "version", version)
+    with pytest.raises(VllmVersionError, match="vLLM is not installed"):
+        find_vllm()
 
 
 def test_every_missing_internal_is_named_in_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
