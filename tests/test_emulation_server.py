@@ -1,0 +1,71 @@
+"""The step-cost emulation as a user of the server sees it: a startup warning, ``/phasespec/state``,
+the response's stats block, the request log line and the per-phase summary all name it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from load.server import ServerProcess
+from load.workload import copy_prompt
+
+pytestmark = pytest.mark.engine
+
+SPEC = "0+150*tokens"
+STEP_MS = "1 * (0 + 150 * tokens)"
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        "--engine.emulate_step_ms",
+        SPEC,
+        "--adaptive.summary_interval_s",
+        "1",
+        log_path=tmp_path_factory.mktemp("emulated") / "server.log",
+    )
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def records(server: ServerProcess) -> list[dict[str, Any]]:
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_an_emulated_server_says_so_wherever_a_user_looks(emulated: ServerProcess, model_name: str) -> None:
+    warnings = [r for r in records(emulated) if "STEP-COST EMULATION ON" in str(r.get("event"))]
+    assert warnings and warnings[0]["level"] == "warning" and STEP_MS in warnings[0]["event"]
+
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": copy_prompt(0)}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "phasespec": {"stats": True},
+    }
+    reply = httpx.post(f"{emulated.base_url}/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["phasespec"]["emulation"]["spec"] == SPEC
+
+    emulation = httpx.get(f"{emulated.base_url}/phasespec/state").json()["emulation"]
+    assert emulation["spec"] == SPEC and emulation["step_ms"] == STEP_MS
+    assert emulation["padded_steps"] > 0 and emulation["padded_steps"] + emulation["overrun_steps"] >= 20
+
+    finished: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    for _ in range(30):  # the summary comes every second while there was traffic
+        logged = records(emulated)
+        finished = [r for r in logged if r.get("event") == "request_finished"]
+        summaries = [r for r in logged if r.get("event") == "spec_summary"]
+        if finished and summaries:
+            break
+        time.sleep(1)
+    assert finished and finished[-1]["emulation"]["spec"] == SPEC
+    assert summaries and all(s["emulation"] == STEP_MS for s in summaries)
