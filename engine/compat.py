@@ -109,8 +109,25 @@ def _scheduler() -> list[str]:
         missing.append("AsyncScheduler as a subclass of Scheduler")
     output = _attr("vllm.v1.core.sched.output", "SchedulerOutput")
     missing += _fields(output, ("num_scheduled_tokens", "total_num_scheduled_tokens"))
-    missing += _fields(output, ("scheduled_spec_decode_tokens", "num_spec_tokens_to_schedule"))
+    missing += _fields(output, ("scheduled_spec_decode_tokens",))
     return missing
+
+
+def lowers_batch_k() -> bool:
+    """Whether this vLLM lets the scheduler lower a step's drafting count
+    (``SchedulerOutput.num_spec_tokens_to_schedule``, vLLM's dynamic-SD knob; 0.23.0 lacks it)."""
+    return not _fields(_attr("vllm.v1.core.sched.output", "SchedulerOutput"), ("num_spec_tokens_to_schedule",))
+
+
+def missing_optional() -> list[str]:
+    """Internals phasespec can do without, each with what is lost (a WARNING at startup)."""
+    lost = []
+    if not lowers_batch_k():
+        lost.append(
+            "SchedulerOutput.num_spec_tokens_to_schedule: the drafter runs all K passes whatever the "
+            "depths (depths still cap what each request verifies)"
+        )
+    return lost
 
 
 def _request() -> list[str]:
@@ -200,6 +217,8 @@ def require_vllm() -> Found:
             + "; ".join(missing)
             + f" (tested with vLLM {', '.join(TESTED)})"
         )
+    for lost in missing_optional():
+        log.warning("%s %s lacks %s", found.distribution, found.version, lost)
     if not found.tested:
         log.warning(
             "%s %s is not a tested vLLM release (%s); every internal phasespec uses is present",

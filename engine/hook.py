@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from engine.compat import require_vllm
+from engine.compat import lowers_batch_k, require_vllm
 
 require_vllm()  # before touching any internal below: names whatever is missing
 
@@ -104,7 +104,9 @@ class DepthScheduler(Scheduler):
             self.spec_ledger.annotations["emulation"] = self.emulation.describe()
         # Lowering the batch's drafting count is vLLM's own dynamic-SD knob,
         # which vLLM disables under data parallelism (ranks draft in lockstep).
-        self._lower_batch_k = self.num_spec_tokens > 0 and self.parallel_config.data_parallel_size == 1
+        self._lower_batch_k = (
+            self.num_spec_tokens > 0 and self.parallel_config.data_parallel_size == 1 and lowers_batch_k()
+        )
         # Under sync scheduling the drafts are back in the scheduler before the
         # next step, so cut drafts can be matched (shadow drafts); under async
         # scheduling they stay in the worker and only verified positions are seen.

@@ -91,12 +91,26 @@ def test_every_missing_internal_is_named_in_one_error(monkeypatch: pytest.Monkey
     message = str(error.value)
     for name in (
         "Scheduler.make_spec_decoding_stats",
-        "SchedulerOutput.num_spec_tokens_to_schedule",
         "AsyncMPClient.call_utility_all_async or ._call_utility_async",
         "build_app (in vllm.entrypoints.nowhere)",
     ):
         assert name in message
     assert "tested with vLLM 0.26.0, 0.27.1, 0.31.0, 0.32.0" in message
+
+
+def test_a_vllm_without_the_batch_drafting_count_starts_with_a_warning_and_drafts_k(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM 0.23.0 (read from its source) has every internal but this one."""
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(sched_output.SchedulerOutput)]
+    older = dataclasses.make_dataclass(
+        "SchedulerOutput", [(n, t, f) for n, t, f in fields if n != "num_spec_tokens_to_schedule"]
+    )
+    monkeypatch.setattr(sched_output, "SchedulerOutput", older)
+    with caplog.at_level(logging.WARNING, logger="phasespec.compat"):
+        require_vllm()
+    assert "lacks SchedulerOutput.num_spec_tokens_to_schedule: the drafter runs all K passes" in caplog.text
+    assert compat.lowers_batch_k() is False
 
 
 def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
