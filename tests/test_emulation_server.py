@@ -1,9 +1,12 @@
 """The step-cost emulation as a user of the server sees it: a startup warning, ``/phasespec/state``,
-the response's stats block, the request log line and the per-phase summary all name it."""
+the response's stats block, the request log line and the per-phase summary all name it. The same
+server runs with ``--engine.kv_cache_gib 1`` (half the default), which vLLM must receive."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +29,8 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
         "--engine.emulate_step_ms",
         SPEC,
         "--adaptive.summary_interval_s",
+        "1",
+        "--engine.kv_cache_gib",
         "1",
         log_path=tmp_path_factory.mktemp("emulated") / "server.log",
     )
@@ -69,3 +74,12 @@ def test_an_emulated_server_says_so_wherever_a_user_looks(emulated: ServerProces
         time.sleep(1)
     assert finished and finished[-1]["emulation"]["spec"] == SPEC
     assert summaries and all(s["emulation"] == STEP_MS for s in summaries)
+
+
+@pytest.mark.skipif("VLLM_CPU_KVCACHE_SPACE" in os.environ, reason="vLLM's own variable wins over the setting")
+def test_the_kv_cache_setting_reaches_vllm(emulated: ServerProcess) -> None:
+    events = [str(r.get("event")) for r in records(emulated)]
+    assert any(e.startswith("Explicitly set (1.0/") and "GiB for KV cache" in e for e in events), "vLLM's CPU worker"
+    sizes = [int(m[1].replace(",", "")) for e in events if (m := re.search(r"KV cache size: ([0-9,]+) tokens", e))]
+    # 2 GiB (the default) held 46,592 tokens of the embedded model on vLLM 0.32.0.
+    assert sizes and 22_000 <= sizes[0] <= 24_000, sizes
