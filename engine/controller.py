@@ -34,6 +34,7 @@ from engine.acceptance import (
     phase_estimate,
 )
 from engine.cost_model import CostEstimate, StepCostModel
+from engine.spec_stats import ANSWER, TOOL_CALL
 from engine.step_depth import StepDepthChooser, StepWindow
 
 
@@ -179,6 +180,28 @@ def settle(
         worth = (gains[depth] - price * drafts[depth]) - (gains[last] - price * drafts[last])
         settled.append(depth if worth > margin * (1 + gains[depth]) else last)
     return settled
+
+
+def budget_hold(output_tokens: int, budget: int | None, phase: str, max_depth: int) -> bool:
+    """Whether a request verifies no drafts now: close to its thinking budget, whatever the policy.
+
+    vLLM's thinking-budget forcing under speculative decoding
+    (v1/sample/thinking_budget_state.py, ``_update_think_state``) forces one
+    position per step: where drafts already match the end string it only
+    counts them, so the target may reject such a draft and emit its own
+    token inside the forced string ("Okay, here done thinking." for "Okay,
+    I am done thinking." on the embedded model, plain vLLM 0.32 with a
+    draft model at K=3), and where it triggers depends on how many drafts the
+    step verifies (``think_count + len(spec) + 1 > budget``). A step without
+    drafts takes the same path as an engine without speculation. So every
+    request verifies no drafts from 4(K+1) output tokens before its budget
+    (covering the early trigger and async scheduling's one-step lag) until
+    the front end reports the end of reasoning: greedy output is then the
+    same at every depth, and the forced string is the one configured.
+    """
+    if budget is None or budget < 0 or phase in (ANSWER, TOOL_CALL):
+        return False
+    return output_tokens >= budget - 4 * (max_depth + 1)
 
 
 @dataclass(slots=True)

@@ -41,13 +41,9 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 from engine.acceptance import Resolved, ShadowBook  # noqa: E402
-from engine.controller import ControllerSettings, DepthController, Planned, StepPlan  # noqa: E402
+from engine.controller import ControllerSettings, DepthController, Planned, StepPlan, budget_hold  # noqa: E402
 from engine.emulation import PadCounter, StepEmulation  # noqa: E402
-from engine.spec_stats import ANSWER, DEFAULT_PHASE, EXTRA_KEY, TOOL_CALL, SpecLedger  # noqa: E402
-
-ANSWER_PHASES = (ANSWER, TOOL_CALL)
-"""Phase tags after reasoning (proxy/phases.py), where no thinking budget counts."""
-
+from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger  # noqa: E402
 
 PASS_FREE_METHODS = ("ngram", "ngram_gpu", "suffix")
 """Drafters that search the text: their cost does not grow by a forward pass per draft position."""
@@ -207,27 +203,9 @@ class DepthScheduler(Scheduler):
         return plan
 
     def _near_thinking_budget(self, request: Request, phase: str) -> bool:
-        """Verify no drafts close to a thinking budget, whatever the policy.
-
-        vLLM's thinking-budget forcing under speculative decoding
-        (v1/sample/thinking_budget_state.py, ``_update_think_state``) forces one
-        position per step: where drafts already match the end string it only
-        counts them, so the target may reject such a draft and emit its own
-        token inside the forced string ("Okay, here done thinking." for "Okay,
-        I am done thinking." on the embedded model, plain vLLM 0.32 with a
-        draft model at K=3), and where it triggers depends on how many drafts the
-        step verifies (``think_count + len(spec) + 1 > budget``). A step without
-        drafts takes the same path as an engine without speculation. So every
-        request verifies no drafts from 4(K+1) output tokens before its budget
-        (covering the early trigger and async scheduling's one-step lag) until
-        the front end reports the end of reasoning: greedy output is then the
-        same at every depth, and the forced string is the one configured.
-        """
         params = request.sampling_params
         budget = params.thinking_token_budget if params is not None else None
-        if budget is None or budget < 0 or phase in ANSWER_PHASES:
-            return False
-        return request.num_output_tokens >= budget - 4 * (self.num_spec_tokens + 1)
+        return budget_hold(request.num_output_tokens, budget, phase, self.num_spec_tokens)
 
     def _book_proposals(self, output: SchedulerOutput, proposals: dict[str, list[int]], limit: int) -> None:
         spec = output.scheduled_spec_decode_tokens

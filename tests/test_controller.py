@@ -387,3 +387,13 @@ def test_alike_requests_lucky_runs_do_not_buy_drafts() -> None:
     trusting, _ = _streak_steps(ControllerSettings(**quiet, request_weights=(2.0,)))
     assert ctrl.weight_chooser("reasoning").accept.best() >= 128.0
     assert trusting > 50 and measured < trusting / 10, (measured, trusting)
+
+
+def test_the_budget_hold_starts_4_k_plus_1_tokens_before_the_budget_in_reasoning_only() -> None:
+    from engine.controller import budget_hold
+
+    assert not budget_hold(31, 48, "reasoning", 3)
+    assert budget_hold(32, 48, "reasoning", 3) and budget_hold(60, 48, "reasoning", 3)
+    assert budget_hold(0, 8, "default", 3), "a budget inside the first 4(K+1) tokens holds from the start"
+    assert not budget_hold(40, 48, "answer", 3) and not budget_hold(40, 48, "tool_call", 3)
+    assert not budget_hold(40, None, "reasoning", 3)
