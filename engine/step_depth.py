@@ -18,13 +18,21 @@ most expected tokens per second, every adaptive request verifying min(cap, D):
     rate(D) = sum_i (1 + E_i(min(cap_i, D))) / T(D)
 
 E_i is the request's expected accepted drafts (the controller's estimates). A
-depth not yet timed at this batch size is tried first; then a random D on
-``explore_share`` of the steps keeps every T(D) and the acceptance beyond D current.
+depth not yet timed at this batch size is tried first. T(D) is the median of the
+depth's last 32 timed steps at this batch size: one slow step (a pause, a
+prefill next door) cannot price a depth out. A depth the choice passes over is
+run again once it has not run for K / ``explore_share`` windows of this batch
+size, so a time measured at a bad moment does not stay for good (on the H200 the
+chooser's depth-1 time read 21 ms where uniform depth-1 steps took 13.5, and
+depth 1 was never chosen again: docs/gpu.md).
 """
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +51,25 @@ class StepWindow:
 
 
 @dataclass(slots=True)
+class BucketTimes:
+    """Step times at one bucket of batch sizes: the last timed steps per depth, and when each
+    depth last got a window."""
+
+    samples: list[deque[float]]
+    last_window: list[int]
+    windows: int = 0
+    """Windows chosen at this bucket so far."""
+
+    @classmethod
+    def empty(cls, max_depth: int, memory: int) -> BucketTimes:
+        return cls([deque(maxlen=memory) for _ in range(max_depth + 1)], [0] * (max_depth + 1))
+
+    def estimates(self) -> list[float | None]:
+        """Median step seconds per depth (None: not timed yet)."""
+        return [statistics.median(times) if times else None for times in self.samples]
+
+
+@dataclass(slots=True)
 class StepDepthChooser:
     max_depth: int
     rng: random.Random
@@ -51,10 +78,10 @@ class StepDepthChooser:
     async scheduling a step is scheduled while the one before it runs, so only consecutive
     updates time it); a window's first step is not timed, since the step before it ran at
     another depth."""
-    keep: float = 0.95
-    """Weight of the past in each step-time mean (about 20 timed steps of memory)."""
-    times: dict[int, list[float | None]] = field(default_factory=dict)
-    """Bucket of batch sizes -> mean step seconds at depth 0..K (None: not timed yet)."""
+    memory: int = 32
+    """Timed steps kept per depth and bucket; their median is the depth's step time."""
+    times: dict[int, BucketTimes] = field(default_factory=dict)
+    """Bucket of batch sizes -> its step times."""
     current: StepWindow | None = None
 
     def choose(
@@ -65,14 +92,18 @@ class StepDepthChooser:
         if window is not None and window.to_plan > 0:
             window.to_plan -= 1
             return window
-        table = self.times.setdefault(bucket_of(batch), [None] * (self.max_depth + 1))
-        untimed = [d for d, t in enumerate(table) if t is None]
+        table = self.bucket(bucket_of(batch))
+        table.windows += 1
+        estimates = table.estimates()
+        untimed = [d for d, t in enumerate(estimates) if t is None]
+        stalest = min(range(self.max_depth + 1), key=lambda d: table.last_window[d])
         if untimed:
             depth = self.rng.choice(untimed)
-        elif self.rng.random() < explore_share:
-            depth = self.rng.randrange(self.max_depth + 1)
+        elif explore_share > 0 and table.windows - table.last_window[stalest] > self.max_depth / explore_share:
+            depth = stalest
         else:
-            depth = max(range(self.max_depth + 1), key=lambda d: self.rate(d, table, gains, caps))
+            depth = max(range(self.max_depth + 1), key=lambda d: self.rate(d, estimates, gains, caps))
+        table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - 1)
         return self.current
 
@@ -81,7 +112,7 @@ class StepDepthChooser:
         seconds = table[depth]
         assert seconds is not None
         tokens = sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
-        return tokens / seconds
+        return tokens / seconds if seconds > 0 else math.inf
 
     def step_finished(self, window: StepWindow, batch: int, previous_update: float, now: float) -> None:
         """A decode step of the window finished at ``now``; the update before it came at ``previous_update``."""
@@ -89,13 +120,17 @@ class StepDepthChooser:
         if window.finished > 1 and previous_update > 0:
             self.observe(bucket_of(batch), window.depth, now - previous_update)
 
+    def bucket(self, bucket: int) -> BucketTimes:
+        table = self.times.get(bucket)
+        if table is None:
+            table = self.times[bucket] = BucketTimes.empty(self.max_depth, self.memory)
+        return table
+
     def observe(self, bucket: int, depth: int, seconds: float) -> None:
-        table = self.times.setdefault(bucket, [None] * (self.max_depth + 1))
-        old = table[depth]
-        table[depth] = seconds if old is None else self.keep * old + (1 - self.keep) * seconds
+        self.bucket(bucket).samples[depth].append(seconds)
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            str(bucket): [None if t is None else round(t * 1e3, 3) for t in table]
+            str(bucket): [None if t is None else round(t * 1e3, 3) for t in table.estimates()]
             for bucket, table in sorted(self.times.items())
         }

@@ -41,7 +41,7 @@ def test_every_depth_is_timed_over_a_window_before_any_is_chosen() -> None:
     clock = [1.0]
     tried = [run_window(chooser, 4, WEAK, clock, 20.0) for _ in range(K + 1)]
     assert sorted(tried) == list(range(K + 1))
-    assert chooser.times[2] == pytest.approx([0.020] * (K + 1))
+    assert chooser.times[2].estimates() == pytest.approx([0.020] * (K + 1))
 
 
 @pytest.mark.parametrize(
@@ -73,11 +73,11 @@ def test_a_window_keeps_its_depth_and_times_all_but_its_first_step() -> None:
     first = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
     assert first.depth == 0
     chooser.step_finished(first, 16, previous_update=10.0, now=10.5)  # ran after another depth's step
-    assert chooser.times[4][0] == pytest.approx(0.021), "a window's first step is not timed"
+    assert chooser.times[4].estimates()[0] == pytest.approx(0.021), "a window's first step is not timed"
     for _ in range(1, chooser.window_steps):
         assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is first
         chooser.step_finished(first, 16, previous_update=10.0, now=10.041)
-    assert chooser.times[4][0] == pytest.approx(0.021 * 0.95**7 + 0.041 * (1 - 0.95**7))
+    assert chooser.times[4].estimates()[0] == pytest.approx(0.041), "the median of its timed steps"
     assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is not first
 
 
@@ -100,3 +100,32 @@ def test_the_controller_applies_one_depth_capped_per_request() -> None:
     assert seen == set(range(K + 1))
     assert ctrl.plan(batch).step_window.depth == 0  # type: ignore[union-attr]
     assert ctrl.snapshot(False)["step_depth_ms"] == {"2": [20.0, 40.0, 40.0, 40.0]}
+
+
+def test_one_slow_step_does_not_price_a_depth_out() -> None:
+    chooser = timed([20, 21, 22, 23])
+    for _ in range(5):
+        chooser.observe(4, 1, 0.021)
+    chooser.observe(4, 1, 0.300)  # a pause, or a prefill next door
+    assert chooser.times[4].estimates()[1] == pytest.approx(0.021)
+    assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 1
+
+
+def test_a_passed_over_depth_is_run_again_after_k_over_explore_share_windows() -> None:
+    chooser = StepDepthChooser(K, random.Random(2))
+    clock = 1.0
+    times = {0: 20.0, 1: 60.0, 2: 60.0, 3: 60.0}  # depth 1's first window met a slow moment
+    depths = []
+    for _ in range(60):
+        for _ in range(chooser.window_steps):
+            window = chooser.choose(4, [WEAK] * 4, [K] * 4, explore_share=0.25)
+            end = clock + times[window.depth] / 1e3
+            chooser.step_finished(window, 4, clock, end)
+            clock = end
+        depths.append(window.depth)
+        if window.depth == 1:
+            times[1] = 20.5  # the moment passed: depth 1 is now worth it
+    first = depths.index(1)
+    again = depths.index(1, first + 1)
+    assert again - first <= 1 + K / 0.25, "depth 1 was timed again within K / explore_share windows"
+    assert depths[-10:].count(1) >= 6, "and chosen once its median is current"
