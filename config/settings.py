@@ -110,7 +110,8 @@ class AdaptiveSettings(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     explore_share: float = Field(default=0.05, ge=0.0, le=1.0)
-    """Share of steps whose depths move at random by up to one: what the step-cost slope is learned from."""
+    """Share of steps whose depths move at random by up to one: what the step-cost slope is learned from.
+    With one depth per step: about the share of windows that re-time a depth the choice passes over."""
     settled_explore_share: float = Field(default=0.01, ge=0.0, le=1.0)
     """The share once the slope's standard error is worth under 0.05 tokens per draft."""
     shadow_share: float = Field(default=0.25, ge=0.0, le=1.0)

@@ -42,7 +42,8 @@ from engine.step_depth import StepDepthChooser, StepWindow
 class ControllerSettings:
     explore_share: float = 0.05
     """Steps on which adaptive requests move their depth at random by up to one
-    (what the cost slope is learned from), while the slope is uncertain."""
+    (what the cost slope is learned from), while the slope is uncertain. With
+    ``step_depth``: about the share of windows that re-time a passed-over depth."""
     settled_explore_share: float = 0.01
     """The share once the slope is known to within ``price_precision``."""
     price_precision: float = 0.05
