@@ -5,7 +5,7 @@
 # STEPS picks a subset (default: all, in this order).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"tests-selfdraft-async bench-selfdraft-async bench-mixed bench-selfdraft-fdo tests-ngramgpu-fdo"}
+STEPS=${STEPS:-"bench-selfdraft-async tests-selfdraft-async tests-ngramgpu-fdo bench-mixed bench-selfdraft-fdo"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
