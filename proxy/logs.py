@@ -9,6 +9,8 @@ core's records through the same formatter.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging.config
 import os
@@ -57,6 +59,12 @@ def configure_logging(level: str = "info", json_output: bool | None = None) -> d
         json.dump(config, file)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = file.name
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    # vLLM's serving layer imports model_hosting_container_standards, whose import sets the root
+    # logger and its handlers to ERROR (SAGEMAKER_CONTAINER_LOG_LEVEL, default ERROR): every
+    # warning before uvicorn configures logging again was lost (the startup emulation warning
+    # among them). Imported first, its setting is overridden by the configuration below.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("model_hosting_container_standards.logging_config")
     logging.config.dictConfig(config)
     structlog.configure(
         processors=[*_SHARED, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
