@@ -6,6 +6,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -29,16 +30,19 @@ def draining(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess
     proc.stop()
 
 
-def stream(base_url: str, model: str, i: int, tokens: int, events: list[str]) -> None:
-    body = {
+def chat_body(model: str, i: int, tokens: int) -> dict[str, Any]:
+    """Exactly ``tokens`` greedy tokens for prompt i."""
+    return {
         "model": model,
         "messages": [{"role": "user", "content": copy_prompt(i)}],
         "max_tokens": tokens,
         "min_tokens": tokens,
         "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
     }
+
+
+def stream(base_url: str, model: str, i: int, tokens: int, events: list[str]) -> None:
+    body = {**chat_body(model, i, tokens), "stream": True, "stream_options": {"include_usage": True}}
     try:
         with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as response:
             events.extend(line for line in response.iter_lines() if line)
@@ -48,15 +52,8 @@ def stream(base_url: str, model: str, i: int, tokens: int, events: list[str]) ->
 
 def whole(base_url: str, model: str, i: int, tokens: int, into: list[httpx.Response | str]) -> None:
     """A non-streamed request: its response starts only when it is complete."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": copy_prompt(i)}],
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "temperature": 0,
-    }
     try:
-        into.append(httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120))
+        into.append(httpx.post(f"{base_url}/v1/chat/completions", json=chat_body(model, i, tokens), timeout=120))
     except httpx.HTTPError as exc:
         into.append(f"closed: {type(exc).__name__}")
 
