@@ -119,6 +119,17 @@ def lowers_batch_k() -> bool:
     return not _fields(_attr("vllm.v1.core.sched.output", "SchedulerOutput"), ("num_spec_tokens_to_schedule",))
 
 
+# Drafters that assert a step's drafting count equals K: ngram_gpu's ``propose``
+# (v1/spec_decode/ngram_proposer_gpu.py: ``assert num_speculative_tokens == self.k``,
+# vLLM 0.26.0-0.32.0; a lowered count killed the engine core on an H200, vLLM 0.26.0).
+FIXED_K_DRAFTERS = frozenset({"ngram_gpu"})
+
+
+def drafter_takes_lower_k(method: str | None) -> bool:
+    """Whether the speculative method's drafter accepts a step drafting fewer than K tokens."""
+    return method not in FIXED_K_DRAFTERS
+
+
 def missing_optional() -> list[str]:
     """Internals phasespec can do without, each with what is lost (a WARNING at startup)."""
     lost = []

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from engine.compat import lowers_batch_k, require_vllm
+from engine.compat import drafter_takes_lower_k, lowers_batch_k, require_vllm
 
 require_vllm()  # before touching any internal below: names whatever is missing
 
@@ -99,9 +99,14 @@ class DepthScheduler(Scheduler):
         if self.emulation is not None:
             self.spec_ledger.annotations["emulation"] = self.emulation.describe()
         # Lowering the batch's drafting count is vLLM's own dynamic-SD knob,
-        # which vLLM disables under data parallelism (ranks draft in lockstep).
+        # which vLLM disables under data parallelism (ranks draft in lockstep);
+        # some drafters only draft exactly K (compat.FIXED_K_DRAFTERS).
+        method = getattr(self.vllm_config.speculative_config, "method", None)
         self._lower_batch_k = (
-            self.num_spec_tokens > 0 and self.parallel_config.data_parallel_size == 1 and lowers_batch_k()
+            self.num_spec_tokens > 0
+            and self.parallel_config.data_parallel_size == 1
+            and lowers_batch_k()
+            and drafter_takes_lower_k(method)
         )
         # Under sync scheduling the drafts are back in the scheduler before the
         # next step, so cut drafts can be matched (shadow drafts); under async

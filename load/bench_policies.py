@@ -158,7 +158,7 @@ async def run_cell(
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     cell.wall_s = time.perf_counter() - start
     hook_after = await engine.spec_hook_path()
-    hook_steps = hook_after["hook_steps"] - hook_before["hook_steps"]
+    hook_steps = cell.engine_steps = hook_after["hook_steps"] - hook_before["hook_steps"]
     if hook_steps:
         cell.hook_us_per_step = 1e6 * (hook_after["hook_cpu_s"] - hook_before["hook_cpu_s"]) / hook_steps
     cell.tokens = sum(len(o) for o in outputs)
@@ -262,6 +262,9 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 "wall_s": round(c.wall_s, 3),
                 "tokens": c.tokens,
                 "hook_us_per_step": None if c.hook_us_per_step is None else round(c.hook_us_per_step, 1),
+                "engine_steps": c.engine_steps,
+                "ms_per_engine_step": round(1e3 * c.wall_s / c.engine_steps, 3) if c.engine_steps else None,
+                "tokens_per_engine_step": round(c.tokens / c.engine_steps, 3) if c.engine_steps else None,
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),
                 "kinds": json.dumps(c.kinds),

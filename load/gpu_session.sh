@@ -39,6 +39,14 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\", $FDO]" \
       step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 3 --prompts 16 \
       --policies 0:0,1:1,3:3,1:3,adaptive --out "$RES/$s" ;;
+  bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \
+      --requests-per-slot 3 --policies 0:0,1:1,3:3,adaptive --out "$RES/$s" ;;
+  tests-sampled-selfdraft)  # the thinking budget under sampling (one of 40 unended on 0.26 GPU)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m pytest -p no:cacheprovider -rA \
+      "tests/test_api.py::test_the_thinking_budget_holds_under_sampling" ;;
   tests-ngramgpu-fdo)
     PHASESPEC_VLLM_ARGS="[$GPU, $NGRAM_GPU, $FDO]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA tests/test_depth_hook.py ;;

@@ -67,6 +67,9 @@ class Cell:
     """Adaptive cells: per request, its depth changes and the estimates behind them."""
     hook_us_per_step: float | None = None
     """CPU time the depth hook added per engine step (engine/hook.py OwnTime)."""
+    engine_steps: int = 0
+    """Engine steps during the cell (scheduler outputs the engine finished): wall / steps is the
+    mean step time seen from outside, tokens / steps the tokens a step yields."""
     kinds: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     """Per kind of request (the workload's ``copy``/``free``), the per-phase totals."""
 

@@ -113,6 +113,18 @@ def test_a_vllm_without_the_batch_drafting_count_starts_with_a_warning_and_draft
     assert compat.lowers_batch_k() is False
 
 
+def test_a_drafter_that_drafts_only_k_keeps_k_and_the_installed_one_still_asserts_it() -> None:
+    """ngram_gpu's proposer asserts its drafting count equals K (an engine-core crash on an H200,
+    vLLM 0.26.0, when phasespec lowered it); model drafters and CPU ngram take a lower count."""
+    import inspect
+
+    from vllm.v1.spec_decode.ngram_proposer_gpu import NgramProposerGPU
+
+    assert "assert num_speculative_tokens == self.k" in inspect.getsource(NgramProposerGPU.propose)
+    assert not compat.drafter_takes_lower_k("ngram_gpu")
+    assert all(compat.drafter_takes_lower_k(m) for m in ("ngram", "draft_model", "eagle3", "mtp"))
+
+
 def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     def make_spec_decoding_stats(self: Any, spec_decoding_stats: Any, num_draft_tokens: Any) -> None: ...
 
