@@ -3,28 +3,30 @@
 A model drafter (vLLM's ``draft_model``, EAGLE, MTP, DSpark) runs one forward
 pass per draft position for the whole batch: the step costs about
 ``base + passes x pass`` where ``passes`` is the batch's deepest depth
-(``num_spec_tokens_to_schedule``), almost whatever the other requests verify.
-Measured on an H200 (vLLM 0.26, self-draft, batch 16: docs/gpu.md): 21 ms with
-no drafts, 30-35 ms as soon as a few requests verify one, 32 ms with all at
-depth 3. A per-draft price cannot see that (one request's extra draft costs the
-batch a whole pass, or nothing), so the per-request controller bought depth 3
-everywhere and lost to a fixed depth 1 by 28% at concurrency 4.
+(``num_spec_tokens_to_schedule``), almost whatever the other requests verify,
+and a batch whose requests verify the same number of tokens can run a CUDA graph
+a mixed one cannot. A per-draft price cannot see that (one request's extra draft
+costs the batch a whole pass, or nothing); docs/gpu.md has the measurements.
 
 This chooser runs windows of 8 steps at one depth D, learns the step time at
-each D per batch-size bucket (an exponentially weighted mean of its decode
-steps, prefills and other depths' steps left out) and picks the D with the
-most expected tokens per second, every adaptive request verifying min(cap, D):
+each D per batch-size bucket (decode steps only) and picks the D with the most
+expected tokens per second, every adaptive request verifying min(cap, D):
 
     rate(D) = sum_i (1 + E_i(min(cap_i, D))) / T(D)
 
 E_i is the request's expected accepted drafts (the controller's estimates). A
-depth not yet timed at this batch size is tried first. T(D) is the median of the
-depth's last 32 timed steps at this batch size: one slow step (a pause, a
-prefill next door) cannot price a depth out. A depth the choice passes over is
-run again once it has not run for K / ``explore_share`` windows of this batch
-size, so a time measured at a bad moment does not stay for good (on the H200 the
-chooser's depth-1 time read 21 ms where uniform depth-1 steps took 13.5, and
-depth 1 was never chosen again: docs/gpu.md).
+depth not yet timed at this batch size is tried first. T(D) is the median over
+the depth's last 8 windows at this batch size of each window's mean step time
+(the time from the update before its second step to its last update, divided by
+its steps). A window's mean, not each step's own time: under async scheduling
+the engine core's updates can arrive in bunches (a CPU stall delays one, the
+next follows at once), which moves time between neighbouring steps but not out
+of a window; per-step times had read 0.6 ms for a batch-1 step that takes over
+10 ms on the H200, and 10 vs 18 ms for the same depth in two runs (docs/gpu.md).
+The median over windows keeps one slow window (a pause, a prefill next door)
+from pricing a depth out. A depth the choice passes over is run again once it
+has not run for K / ``explore_share`` windows of this batch size, so a time
+measured at a bad moment does not stay for good.
 """
 
 from __future__ import annotations
@@ -47,13 +49,19 @@ class StepWindow:
     depth: int
     to_plan: int
     """Steps still to be scheduled in it."""
+    bucket: int = 0
+    """The batch-size bucket it was chosen for; only its steps at that bucket are timed."""
     finished: int = 0
+    seconds: float = 0.0
+    """Summed time of its timed steps."""
+    timed: int = 0
+    closed: bool = False
 
 
 @dataclass(slots=True)
 class BucketTimes:
-    """Step times at one bucket of batch sizes: the last timed steps per depth, and when each
-    depth last got a window."""
+    """Step times at one bucket of batch sizes: the mean step time of each depth's last windows,
+    and when each depth last got a window."""
 
     samples: list[deque[float]]
     last_window: list[int]
@@ -78,11 +86,15 @@ class StepDepthChooser:
     async scheduling a step is scheduled while the one before it runs, so only consecutive
     updates time it); a window's first step is not timed, since the step before it ran at
     another depth."""
-    memory: int = 32
-    """Timed steps kept per depth and bucket; their median is the depth's step time."""
+    memory: int = 8
+    """Window means kept per depth and bucket; their median is the depth's step time."""
+    min_timed: int = 3
+    """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
     times: dict[int, BucketTimes] = field(default_factory=dict)
     """Bucket of batch sizes -> its step times."""
     current: StepWindow | None = None
+    timing: StepWindow | None = None
+    """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
 
     def choose(
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
@@ -92,7 +104,8 @@ class StepDepthChooser:
         if window is not None and window.to_plan > 0:
             window.to_plan -= 1
             return window
-        table = self.bucket(bucket_of(batch))
+        bucket = bucket_of(batch)
+        table = self.bucket(bucket)
         table.windows += 1
         estimates = table.estimates()
         untimed = [d for d, t in enumerate(estimates) if t is None]
@@ -104,7 +117,7 @@ class StepDepthChooser:
         else:
             depth = max(range(self.max_depth + 1), key=lambda d: self.rate(d, estimates, gains, caps))
         table.last_window[depth] = table.windows
-        self.current = StepWindow(depth, self.window_steps - 1)
+        self.current = StepWindow(depth, self.window_steps - 1, bucket)
         return self.current
 
     @staticmethod
@@ -116,9 +129,23 @@ class StepDepthChooser:
 
     def step_finished(self, window: StepWindow, batch: int, previous_update: float, now: float) -> None:
         """A decode step of the window finished at ``now``; the update before it came at ``previous_update``."""
+        if window is not self.timing:
+            self.close(self.timing)
+            self.timing = window
         window.finished += 1
-        if window.finished > 1 and previous_update > 0:
-            self.observe(bucket_of(batch), window.depth, now - previous_update)
+        if window.finished > 1 and previous_update > 0 and bucket_of(batch) == window.bucket:
+            window.seconds += now - previous_update
+            window.timed += 1
+        if window.finished >= self.window_steps:
+            self.close(window)
+
+    def close(self, window: StepWindow | None) -> None:
+        """Keep a finished window's mean step time (once)."""
+        if window is None or window.closed:
+            return
+        window.closed = True
+        if window.timed >= self.min_timed:
+            self.observe(window.bucket, window.depth, window.seconds / window.timed)
 
     def bucket(self, bucket: int) -> BucketTimes:
         table = self.times.get(bucket)
