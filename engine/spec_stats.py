@@ -39,43 +39,44 @@ def validate_depth(depth: int, max_depth: int) -> int:
 
 @dataclass(slots=True)
 class PhaseCounters:
-    """Counters of one request in one phase."""
+    """Counters of one request in one phase, under vLLM's names (``SpecDecodingStats``,
+    ``vllm:spec_decode_*``): a draft is one verify step of one request."""
 
     max_depth: int
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     steps_by_drafted: list[int] = field(default_factory=list)
     """steps_by_drafted[n]: verify steps that checked exactly n draft tokens."""
 
     def __post_init__(self) -> None:
-        self.accepted_per_pos = self.accepted_per_pos or [0] * self.max_depth
+        self.num_accepted_tokens_per_pos = self.num_accepted_tokens_per_pos or [0] * self.max_depth
         self.steps_by_drafted = self.steps_by_drafted or [0] * (self.max_depth + 1)
 
     def observe(self, drafted: int, accepted: int) -> None:
-        self.steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
         for pos in range(min(accepted, self.max_depth)):
-            self.accepted_per_pos[pos] += 1
+            self.num_accepted_tokens_per_pos[pos] += 1
         self.steps_by_drafted[min(drafted, self.max_depth)] += 1
 
     def merge(self, other: PhaseCounters) -> None:
-        self.steps += other.steps
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-        for pos, n in enumerate(other.accepted_per_pos):
-            self.accepted_per_pos[pos] += n
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        for pos, n in enumerate(other.num_accepted_tokens_per_pos):
+            self.num_accepted_tokens_per_pos[pos] += n
         for n_drafts, n in enumerate(other.steps_by_drafted):
             self.steps_by_drafted[n_drafts] += n
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "steps": self.steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "accepted_per_pos": list(self.accepted_per_pos),
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
             "steps_by_drafted": list(self.steps_by_drafted),
         }
 

@@ -320,8 +320,8 @@ def print_kinds(cells: list[Cell]) -> None:
         for kind, phases in c.kinds.items():
             for phase, counters in phases.items():
                 into = totals.setdefault((c.concurrency, c.policy.name, kind, phase), [0, 0])
-                into[0] += counters.get("accepted", 0)
-                into[1] += counters.get("drafted", 0)
+                into[0] += counters.get("num_accepted_tokens", 0)
+                into[1] += counters.get("num_draft_tokens", 0)
     print("conc policy kind phase acceptance (accepted/drafted)")
     for (conc, policy, kind, phase), (accepted, drafted) in sorted(totals.items()):
         if drafted:

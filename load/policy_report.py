@@ -57,7 +57,8 @@ class Cell:
     wall_s: float
     tokens: int
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per phase: tokens, steps, drafted, accepted, accepted_per_pos, steps_by_drafted."""
+    """Per phase: tokens, num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos,
+    steps_by_drafted (vLLM's names)."""
     matches_uncapped: int | None = None
     """Requests whose greedy output equalled the uncapped policy's (concurrency 1)."""
     requests: int = 0
@@ -80,9 +81,9 @@ class Cell:
 
 def add_phase(into: dict[str, Any], counters: dict[str, Any]) -> None:
     """Sum one request's per-phase report into a cell's phase totals."""
-    for key in ("tokens", "steps", "drafted", "accepted"):
+    for key in ("tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         into[key] = into.get(key, 0) + int(counters.get(key) or 0)
-    for key in ("accepted_per_pos", "steps_by_drafted"):
+    for key in ("num_accepted_tokens_per_pos", "steps_by_drafted"):
         values = counters.get(key) or []
         have = into.setdefault(key, [])
         have.extend([0] * (len(values) - len(have)))  # a phase with no verify step reports []
@@ -94,7 +95,7 @@ def position_acceptance(phase: dict[str, Any]) -> list[float | None]:
     """Acceptance at draft position i: accepted there / steps that drafted past i."""
     by_drafted = phase.get("steps_by_drafted") or []
     rates: list[float | None] = []
-    for pos, accepted in enumerate(phase.get("accepted_per_pos") or []):
+    for pos, accepted in enumerate(phase.get("num_accepted_tokens_per_pos") or []):
         reached = sum(by_drafted[pos + 1 :])
         rates.append(round(accepted / reached, 4) if reached else None)
     return rates
@@ -150,9 +151,9 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
         }
         for name in PHASES:
             phase = phases.get(name, {})
-            drafted = phase.get("drafted", 0)
+            drafted = phase.get("num_draft_tokens", 0)
             row[f"{name}_tokens"] = phase.get("tokens", 0)
-            row[f"{name}_acceptance"] = round(phase["accepted"] / drafted, 4) if drafted else None
+            row[f"{name}_acceptance"] = round(phase["num_accepted_tokens"] / drafted, 4) if drafted else None
             row[f"{name}_acceptance_by_pos"] = position_acceptance(phase)
         rows.append(row)
     return rows

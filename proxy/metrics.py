@@ -11,9 +11,9 @@ from prometheus_client import Counter, Gauge, Histogram
 @dataclass(frozen=True, slots=True)
 class PhaseMetrics:
     tokens: Counter
-    steps: Counter
-    drafted: Counter
-    accepted: Counter
+    num_drafts: Counter
+    num_draft_tokens: Counter
+    num_accepted_tokens: Counter
     switches: Counter
     decode_rate: Histogram
     acceptance: Gauge
@@ -31,10 +31,15 @@ def phase_metrics() -> PhaseMetrics:
     labels = ["phase"]
     return PhaseMetrics(
         tokens=Counter("phasespec_tokens", "Generated tokens by phase", labels, registry=registry),
-        steps=Counter("phasespec_spec_verify_steps", "Verify steps with drafts, by phase", labels, registry=registry),
-        drafted=Counter("phasespec_spec_draft_tokens", "Draft tokens verified, by phase", labels, registry=registry),
-        accepted=Counter(
-            "phasespec_spec_accepted_tokens", "Draft tokens accepted, by phase", labels, registry=registry
+        # vLLM's names (vllm:spec_decode_num_drafts, ...), by phase.
+        num_drafts=Counter(
+            "phasespec_spec_decode_num_drafts", "Verify steps with drafts, by phase", labels, registry=registry
+        ),
+        num_draft_tokens=Counter(
+            "phasespec_spec_decode_num_draft_tokens", "Draft tokens verified, by phase", labels, registry=registry
+        ),
+        num_accepted_tokens=Counter(
+            "phasespec_spec_decode_num_accepted_tokens", "Draft tokens accepted, by phase", labels, registry=registry
         ),
         switches=Counter(
             "phasespec_depth_switches", "Depth changes, by the phase switched to", labels, registry=registry

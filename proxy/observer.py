@@ -79,14 +79,16 @@ def phase_report(counters: dict[str, Any] | None) -> dict[str, Any]:
     """Rates from the hook's counters (vLLM's definitions: the bonus token is
     not an accepted draft; mean acceptance length includes it)."""
     counters = counters or {}
-    steps, drafted, accepted = (int(counters.get(k, 0)) for k in ("steps", "drafted", "accepted"))
+    steps, drafted, accepted = (
+        int(counters.get(k, 0)) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    )
     return {
-        "steps": steps,
-        "drafted": drafted,
-        "accepted": accepted,
+        "num_drafts": steps,
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
         "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else None,
-        "accepted_per_pos": counters.get("accepted_per_pos", []),
+        "num_accepted_tokens_per_pos": counters.get("num_accepted_tokens_per_pos", []),
         "steps_by_drafted": counters.get("steps_by_drafted", []),
     }
 
@@ -188,7 +190,7 @@ class RequestObserver:
         for phase in Phase:
             tokens = self.tracker.tokens[phase]
             spec = phase_report(counters.get(phase.value))
-            if not tokens and not spec["steps"]:
+            if not tokens and not spec["num_drafts"]:
                 continue
             seconds = self.decode_s[phase]
             rate = self.decode_tokens[phase] / seconds if seconds > 0 else None
@@ -199,9 +201,9 @@ class RequestObserver:
                 **spec,
             }
             metrics.tokens.labels(phase.value).inc(tokens)
-            metrics.steps.labels(phase.value).inc(spec["steps"])
-            metrics.drafted.labels(phase.value).inc(spec["drafted"])
-            metrics.accepted.labels(phase.value).inc(spec["accepted"])
+            metrics.num_drafts.labels(phase.value).inc(spec["num_drafts"])
+            metrics.num_draft_tokens.labels(phase.value).inc(spec["num_draft_tokens"])
+            metrics.num_accepted_tokens.labels(phase.value).inc(spec["num_accepted_tokens"])
             if rate is not None:
                 metrics.decode_rate.labels(phase.value).observe(rate)
         report = {

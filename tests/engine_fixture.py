@@ -133,5 +133,6 @@ async def counted_and_vllm_growth(
             for i in range(requests)
         )
     )  # fmt: skip
-    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in ("drafted", "accepted")]
+    keys = ("num_draft_tokens", "num_accepted_tokens")
+    ours = [sum(total(r.spec.final, key) for r in runs if r.spec.final) for key in keys]
     return ours, await spec_counter_growth(before, ours)

@@ -1,6 +1,6 @@
 """The admission middleware's promises (429 with Retry-After past the in-flight bound, 413 past
 the body limit), on the real middleware in front of a stand-in app that holds requests open.
-The same middleware under Locust against the real engine: tests/test_guarded_server.py."""
+The same middleware under Locust against the real engine: tests/test_api_keys_limits_and_sigterm.py."""
 
 from __future__ import annotations
 

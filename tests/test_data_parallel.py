@@ -12,7 +12,7 @@ import pytest
 
 from load.server import ServerProcess
 from load.workload import copy_prompt
-from tests.test_robustness import wait_idle
+from tests.test_disconnects_and_bad_input import wait_idle
 
 pytestmark = pytest.mark.engine
 
@@ -61,7 +61,7 @@ async def test_depths_counters_and_phase_metrics_hold_on_both_ranks(dp_server: S
         phases = report["phases"]
         assert max_drafted(phases["reasoning"]) == 1, "reasoning verified at depth 1"
         assert max_drafted(phases["answer"]) == 2, "the switch to 2 reached the request's rank"
-    for ours, vllms in (("drafted", "draft_tokens"), ("accepted", "accepted_tokens")):
+    for ours, vllms in (("num_draft_tokens", "draft_tokens"), ("num_accepted_tokens", "accepted_tokens")):
         per_request = sum(p[ours] for r in reports for p in r["phases"].values())
         name = f"vllm:spec_decode_num_{vllms}_total"
         assert per_request == metric_sum(after, name) - metric_sum(before, name), f"{ours}: exact over both ranks"

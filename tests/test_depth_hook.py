@@ -76,10 +76,10 @@ async def test_greedy_output_is_identical_at_every_depth_and_after_a_switch(engi
 async def test_depth_zero_verifies_no_drafts(engine: PhasespecLLM) -> None:
     result = await run(engine, copy_prompt(0), "zero", SpecRequest(depth=0))
     assert result.spec.final is not None
-    assert total(result.spec.final, "drafted") == 0
-    assert total(result.spec.final, "steps") == 0
+    assert total(result.spec.final, "num_draft_tokens") == 0
+    assert total(result.spec.final, "num_drafts") == 0
     reference = await run(engine, copy_prompt(0), "zero-ref", SpecRequest(depth=K))
-    assert reference.spec.final is not None and total(reference.spec.final, "drafted") > 0
+    assert reference.spec.final is not None and total(reference.spec.final, "num_draft_tokens") > 0
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -254,8 +254,8 @@ async def test_shadow_acceptance_at_depth_one_matches_verified_acceptance_at_dep
     await skip_without_shadow_drafts(engine)
     by_depth = await probe_shadow_acceptance(engine, requests=48, max_tokens=96)
     shallow, deep = by_depth["1"], by_depth[str(K)]
-    assert shallow["steps"] > 200 and deep["steps"] > 200, by_depth
+    assert shallow["num_drafts"] > 200 and deep["num_drafts"] > 200, by_depth
     pairs = zip(shallow["acceptance_by_position"], deep["acceptance_by_position"], strict=True)
     for j, (shadow, real) in enumerate(pairs):
-        se = math.sqrt(shadow * (1 - shadow) / shallow["steps"] + real * (1 - real) / deep["steps"])
+        se = math.sqrt(shadow * (1 - shadow) / shallow["num_drafts"] + real * (1 - real) / deep["num_drafts"])
         assert abs(shadow - real) <= max(SHADOW_TOLERANCE, 4 * se), (j + 1, by_depth)

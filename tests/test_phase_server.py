@@ -39,7 +39,7 @@ def test_reasoning_runs_at_depth_one_and_answer_at_two(base_url: str, model_name
     report = reply["phasespec"]
     reasoning, answer = report["phases"]["reasoning"], report["phases"]["answer"]
     assert reasoning["tokens"] > 0 and answer["tokens"] > 0
-    assert reasoning["steps"] > 0 and answer["steps"] > 0
+    assert reasoning["num_drafts"] > 0 and answer["num_drafts"] > 0
     assert max_drafted(reasoning) == 1
     assert max_drafted(answer) == 2
     assert [entry[1:] for entry in report["depth_timeline"]] == [["reasoning", 1], ["answer", 2]]
@@ -70,7 +70,7 @@ def test_stream_carries_stats_in_its_usage_chunk(base_url: str, model_name: str)
                 usage = chunk.get("usage") or usage
     assert len(reports) == 1 and reports[0]["usage"] is not None
     phases = reports[0]["phasespec"]["phases"]
-    assert phases["reasoning"]["drafted"] == 0, "the override set reasoning depth 0"
+    assert phases["reasoning"]["num_draft_tokens"] == 0, "the override set reasoning depth 0"
     assert max_drafted(phases["answer"]) == 2
     assert usage is not None
     assert phases["reasoning"]["tokens"] + phases["answer"]["tokens"] == usage["completion_tokens"]
@@ -112,7 +112,7 @@ def test_a_forced_tool_call_is_tracked_and_drafted_as_tool_call(base_url: str, m
     assert reply["choices"][0]["message"]["tool_calls"], reply
     phases = reply["phasespec"]["phases"]
     assert "answer" not in phases and phases["tool_call"]["tokens"] > 0
-    assert phases["tool_call"]["drafted"] > 0 and max_drafted(phases["tool_call"]) == 1
+    assert phases["tool_call"]["num_draft_tokens"] > 0 and max_drafted(phases["tool_call"]) == 1
     assert [entry[1:] for entry in reply["phasespec"]["depth_timeline"]] == [["reasoning", 0], ["tool_call", 1]]
     assert reply["phasespec"]["time_to_first_answer_s"] is not None
 
@@ -131,8 +131,9 @@ def test_canonical_log_line_and_metrics_carry_phases(base_url: str, model_name: 
         "tokens",
         "duration_s",
         "decode_tok_s",
-        "drafted",
-        "accepted",
+        "num_drafts",
+        "num_draft_tokens",
+        "num_accepted_tokens",
         "acceptance_rate",
         "mean_acceptance_length",
     ):
@@ -140,8 +141,8 @@ def test_canonical_log_line_and_metrics_carry_phases(base_url: str, model_name: 
     metrics = httpx.get(f"{base_url}/metrics").text
     for name in (
         "phasespec_tokens_total",
-        "phasespec_spec_draft_tokens_total",
-        "phasespec_spec_accepted_tokens_total",
+        "phasespec_spec_decode_num_draft_tokens_total",
+        "phasespec_spec_decode_num_accepted_tokens_total",
         "phasespec_depth_switches_total",
         "phasespec_decode_tokens_per_second_count",
     ):

@@ -108,7 +108,7 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
             assert result.spec.final is not None
             counters = result.spec.final["phases"][name]
             for pos in range(K):
-                accepted[pos] += counters["accepted_per_pos"][pos]
+                accepted[pos] += counters["num_accepted_tokens_per_pos"][pos]
                 reached[pos] += sum(counters["steps_by_drafted"][pos + 1 :])
         assert reached[0] > 20, (name, reached)
         rates[name] = [round(a / r, 3) if r else None for a, r in zip(accepted, reached, strict=True)]

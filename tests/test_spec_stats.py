@@ -26,13 +26,13 @@ def test_counters_split_by_phase_and_position() -> None:
     snap = ledger.snapshot("r")
     assert snap is not None
     assert snap["phases"]["reasoning"] == {
-        "steps": 2,
-        "drafted": 2,
-        "accepted": 1,
-        "accepted_per_pos": [1, 0, 0],
+        "num_drafts": 2,
+        "num_draft_tokens": 2,
+        "num_accepted_tokens": 1,
+        "num_accepted_tokens_per_pos": [1, 0, 0],
         "steps_by_drafted": [0, 2, 0, 0],
     }
-    assert snap["phases"]["answer"]["accepted_per_pos"] == [1, 1, 0]
+    assert snap["phases"]["answer"]["num_accepted_tokens_per_pos"] == [1, 1, 0]
     assert snap["depth_log"] == [[0, 1, "reasoning"], [2, 3, "answer"]]
     assert [t[3] for t in snap["trace"]] == ["reasoning", "reasoning", "answer"]
 
@@ -58,7 +58,7 @@ def test_children_of_one_request_are_summed_when_the_last_finishes() -> None:
     assert ledger.pop("g") is None  # one child still runs
     ledger.finish("1_g")
     final = ledger.pop("g")
-    assert final is not None and final["phases"]["x"]["drafted"] == 4
+    assert final is not None and final["phases"]["x"]["num_draft_tokens"] == 4
 
 
 def test_mailbox_is_bounded() -> None:

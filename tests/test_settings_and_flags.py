@@ -1,4 +1,4 @@
-"""Pure logic: settings and payload edits."""
+"""Settings, the command line and vLLM flags (what reaches vLLM, what is refused), and payload edits: pure logic."""
 
 from __future__ import annotations
 
