@@ -17,16 +17,23 @@ expected tokens per second, every adaptive request verifying min(cap, D):
 E_i is the request's expected accepted drafts (the controller's estimates). A
 depth not yet timed at this batch size is tried first. T(D) is the median over
 the depth's last 8 windows at this batch size of each window's mean step time
-(the time from the update before its second step to its last update, divided by
-its steps). A window's mean, not each step's own time: under async scheduling
-the engine core's updates can arrive in bunches (a CPU stall delays one, the
-next follows at once), which moves time between neighbouring steps but not out
-of a window; per-step times had read 0.6 ms for a batch-1 step that takes over
-10 ms on the H200, and 10 vs 18 ms for the same depth in two runs (docs/gpu.md).
-The median over windows keeps one slow window (a pause, a prefill next door)
-from pricing a depth out. A depth the choice passes over is run again once it
-has not run for K / ``explore_share`` windows of this batch size, so a time
-measured at a bad moment does not stay for good.
+(from the update before its first step to its last update, over its steps). A
+window's mean, not each step's own time: under async scheduling the engine
+core's updates can arrive in bunches (a delayed one, then its successor at
+once), which moves time between neighbouring steps but not out of a window
+(per-step times read 0.6 ms for a batch-1 step that takes over 10 ms on the
+H200: docs/gpu.md). The median over windows keeps one slow window (a pause,
+prefills next door) from pricing a depth out.
+
+Only windows that follow a window of the same depth time T(D) ("steady"); a
+window that switched depth is timed apart, and what it cost beyond T(D) is the
+switch cost, charged to every other depth (amortized over a window) when the
+choice weighs a switch. A depth timed only right after switches carries their
+cost in its time (its after-switch time stands in until a steady one exists),
+and would be passed over for good: a depth the choice passes over is explored
+again once it has not run for K / ``explore_share`` windows of this bucket, for
+two windows, the second one steady. On the H200 the depths the chooser rarely
+ran read 43-90% above what static cells measured (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class StepWindow:
     """Steps still to be scheduled in it."""
     bucket: int = 0
     """The batch-size bucket it was chosen for; only its steps at that bucket are timed."""
+    switched: bool = True
+    """Its depth differs from the window before it (or none came before)."""
     finished: int = 0
     seconds: float = 0.0
     """Summed time of its timed steps."""
@@ -60,21 +69,38 @@ class StepWindow:
 
 @dataclass(slots=True)
 class BucketTimes:
-    """Step times at one bucket of batch sizes: the mean step time of each depth's last windows,
-    and when each depth last got a window."""
+    """Step times at one bucket of batch sizes: per depth, the mean step time of its last windows
+    that followed a window of the same depth (``steady``) and of those that switched to it
+    (``after_switch``, used until a steady one exists); the extra time a switch cost; and when
+    each depth last got a window."""
 
-    samples: list[deque[float]]
+    steady: list[deque[float]]
+    after_switch: list[deque[float]]
+    switch_s: deque[float]
     last_window: list[int]
     windows: int = 0
     """Windows chosen at this bucket so far."""
 
     @classmethod
     def empty(cls, max_depth: int, memory: int) -> BucketTimes:
-        return cls([deque(maxlen=memory) for _ in range(max_depth + 1)], [0] * (max_depth + 1))
+        depths = range(max_depth + 1)
+        return cls(
+            [deque(maxlen=memory) for _ in depths],
+            [deque(maxlen=memory) for _ in depths],
+            deque(maxlen=memory),
+            [0] * (max_depth + 1),
+        )
 
     def estimates(self) -> list[float | None]:
         """Median step seconds per depth (None: not timed yet)."""
-        return [statistics.median(times) if times else None for times in self.samples]
+        return [
+            statistics.median(steady or switched) if steady or switched else None
+            for steady, switched in zip(self.steady, self.after_switch, strict=True)
+        ]
+
+    def switch_cost(self) -> float:
+        """Median extra seconds a window spent for switching depth (0 until measured)."""
+        return max(statistics.median(self.switch_s), 0.0) if self.switch_s else 0.0
 
 
 @dataclass(slots=True)
@@ -84,8 +110,7 @@ class StepDepthChooser:
     window_steps: int = 8
     """Steps per depth decision. A step is timed from the update before it to its own (under
     async scheduling a step is scheduled while the one before it runs, so only consecutive
-    updates time it); a window's first step is not timed, since the step before it ran at
-    another depth."""
+    updates time it)."""
     memory: int = 8
     """Window means kept per depth and bucket; their median is the depth's step time."""
     min_timed: int = 3
@@ -95,6 +120,8 @@ class StepDepthChooser:
     current: StepWindow | None = None
     timing: StepWindow | None = None
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
+    repeat: int | None = None
+    """A depth run again in the next window, so that it is timed after a window of its own."""
 
     def choose(
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
@@ -104,28 +131,43 @@ class StepDepthChooser:
         if window is not None and window.to_plan > 0:
             window.to_plan -= 1
             return window
+        previous = window.depth if window is not None else None
         bucket = bucket_of(batch)
         table = self.bucket(bucket)
         table.windows += 1
         estimates = table.estimates()
         untimed = [d for d, t in enumerate(estimates) if t is None]
         stalest = min(range(self.max_depth + 1), key=lambda d: table.last_window[d])
-        if untimed:
+        if self.repeat is not None:
+            depth, self.repeat = self.repeat, None
+        elif untimed:
             depth = self.rng.choice(untimed)
         elif explore_share > 0 and table.windows - table.last_window[stalest] > self.max_depth / explore_share:
-            depth = stalest
+            depth = self.repeat = stalest
         else:
-            depth = max(range(self.max_depth + 1), key=lambda d: self.rate(d, estimates, gains, caps))
+            switch_s = table.switch_cost() / self.window_steps
+
+            def worth(d: int) -> float:
+                return self.rate(d, estimates, gains, caps, 0.0 if d == previous else switch_s)
+
+            depth = max(range(self.max_depth + 1), key=worth)
         table.last_window[depth] = table.windows
-        self.current = StepWindow(depth, self.window_steps - 1, bucket)
+        self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
         return self.current
 
     @staticmethod
-    def rate(depth: int, table: Sequence[float | None], gains: Sequence[Sequence[float]], caps: Sequence[int]) -> float:
+    def rate(
+        depth: int,
+        table: Sequence[float | None],
+        gains: Sequence[Sequence[float]],
+        caps: Sequence[int],
+        extra_s: float = 0.0,
+    ) -> float:
+        """Expected tokens per second at ``depth``, each step costing ``extra_s`` more (a switch)."""
         seconds = table[depth]
         assert seconds is not None
         tokens = sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
-        return tokens / seconds if seconds > 0 else math.inf
+        return tokens / (seconds + extra_s) if seconds + extra_s > 0 else math.inf
 
     def step_finished(self, window: StepWindow, batch: int, previous_update: float, now: float) -> None:
         """A decode step of the window finished at ``now``; the update before it came at ``previous_update``."""
@@ -133,19 +175,29 @@ class StepDepthChooser:
             self.close(self.timing)
             self.timing = window
         window.finished += 1
-        if window.finished > 1 and previous_update > 0 and bucket_of(batch) == window.bucket:
+        if previous_update > 0 and bucket_of(batch) == window.bucket:
             window.seconds += now - previous_update
             window.timed += 1
         if window.finished >= self.window_steps:
             self.close(window)
 
     def close(self, window: StepWindow | None) -> None:
-        """Keep a finished window's mean step time (once)."""
+        """Keep a finished window's time (once): a steady window's mean step time; a switching
+        one's mean while its depth has no steady time, and what the switch cost over it."""
         if window is None or window.closed:
             return
         window.closed = True
-        if window.timed >= self.min_timed:
-            self.observe(window.bucket, window.depth, window.seconds / window.timed)
+        if window.timed < self.min_timed:
+            return
+        table = self.bucket(window.bucket)
+        mean = window.seconds / window.timed
+        if not window.switched:
+            table.steady[window.depth].append(mean)
+            return
+        steady = table.steady[window.depth]
+        if steady:
+            table.switch_s.append(window.seconds - statistics.median(steady) * window.timed)
+        table.after_switch[window.depth].append(mean)
 
     def bucket(self, bucket: int) -> BucketTimes:
         table = self.times.get(bucket)
@@ -154,10 +206,15 @@ class StepDepthChooser:
         return table
 
     def observe(self, bucket: int, depth: int, seconds: float) -> None:
-        self.bucket(bucket).samples[depth].append(seconds)
+        """A steady window's mean step time."""
+        self.bucket(bucket).steady[depth].append(seconds)
 
     def snapshot(self) -> dict[str, Any]:
         return {
             str(bucket): [None if t is None else round(t * 1e3, 3) for t in table.estimates()]
             for bucket, table in sorted(self.times.items())
         }
+
+    def switch_snapshot(self) -> dict[str, float]:
+        """Per bucket, the measured extra ms a window pays for switching depth."""
+        return {str(bucket): round(table.switch_cost() * 1e3, 3) for bucket, table in sorted(self.times.items())}

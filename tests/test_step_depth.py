@@ -7,7 +7,7 @@ import random
 import pytest
 
 from engine.controller import ControllerSettings, DepthController, Planned
-from engine.step_depth import StepDepthChooser
+from engine.step_depth import StepDepthChooser, StepWindow
 
 K = 3
 # Expected accepted drafts at depth 0..3 for a drafter accepted a fifth of the time per position.
@@ -68,17 +68,59 @@ def test_caps_bound_what_a_depth_is_worth() -> None:
     assert chooser.choose(16, [STRONG] * 16, [1] * 16, explore_share=0.0).depth == 1, "deeper buys nothing capped at 1"
 
 
-def test_a_window_keeps_its_depth_and_times_all_but_its_first_step() -> None:
+def finish_window(
+    chooser: StepDepthChooser, window: StepWindow, batch: int, clock: list[float], ms: float, explore: float = 0.0
+) -> None:
+    while window.finished < chooser.window_steps:
+        if window.finished:
+            assert chooser.choose(batch, [WEAK] * batch, [K] * batch, explore_share=explore) is window
+        chooser.step_finished(window, batch, clock[0], clock[0] + ms / 1e3)
+        clock[0] += ms / 1e3
+
+
+def test_a_window_keeps_its_depth_and_a_switch_prices_the_switch_not_the_depth() -> None:
     chooser = timed([21, 30, 31, 32])
+    clock = [10.0]
     first = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
-    assert first.depth == 0
-    chooser.step_finished(first, 16, previous_update=10.0, now=10.5)  # ran after another depth's step
+    assert first.depth == 0 and first.switched
+    chooser.step_finished(first, 16, clock[0], clock[0] + 0.5)  # the switch: one slow step
+    clock[0] += 0.5
     for _ in range(1, chooser.window_steps):
         assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is first
-        assert chooser.times[4].estimates()[0] == pytest.approx(0.021), "kept once the window is done"
-        chooser.step_finished(first, 16, previous_update=10.0, now=10.041)
-    assert chooser.times[4].estimates()[0] == pytest.approx(0.031), "median of 21 ms and the window's 41 ms"
-    assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is not first
+        chooser.step_finished(first, 16, clock[0], clock[0] + 0.021)
+        clock[0] += 0.021
+    table = chooser.times[4]
+    assert table.estimates()[0] == pytest.approx(0.021), "the depth keeps its steady time"
+    assert table.switch_cost() == pytest.approx(0.5 - 0.021), "what the window paid beyond it"
+    second = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
+    assert second is not first and second.depth == 0 and not second.switched
+
+
+def test_a_switch_cost_keeps_the_chooser_on_a_depth_that_is_nearly_as_good() -> None:
+    chooser = timed([20.0, 20.5, 40, 40])  # depth 1 earns 0.2 tokens a request for 0.5 ms more
+    assert chooser.rate(1, chooser.times[4].estimates(), [WEAK], [K]) > chooser.rate(
+        0, chooser.times[4].estimates(), [WEAK], [K]
+    )
+    chooser.times[4].switch_s.append(0.100)  # a switch has cost 100 ms a window
+    chooser.current = StepWindow(0, 0, 4)
+    assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 0, "not worth the switch"
+    chooser.current = StepWindow(1, 0, 4)
+    assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 1, "nor back"
+
+
+def test_a_passed_over_depth_is_explored_for_two_windows_and_the_second_times_it() -> None:
+    chooser = timed([20, 20, 20, 20])
+    chooser.times[4].steady[1].clear()
+    chooser.times[4].after_switch[1].append(0.060)  # timed only after a switch that cost 40 ms a step
+    clock = [1.0]
+    seen = []
+    for _ in range(30):  # depths 0 and 2 go stale too; each re-run takes two windows
+        window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.25)
+        seen.append((window.depth, window.switched))
+        finish_window(chooser, window, 16, clock, 20.0, explore=0.25)
+    at = seen.index((1, True))
+    assert seen[at + 1] == (1, False), "explored again for two windows, the second steady"
+    assert chooser.times[4].estimates()[1] == pytest.approx(0.020), "the steady time replaces the after-switch one"
 
 
 def test_bunched_updates_time_a_window_by_its_mean_step() -> None:
@@ -93,7 +135,7 @@ def test_bunched_updates_time_a_window_by_its_mean_step() -> None:
         chooser.step_finished(window, 1, clock, clock + interval)
         clock += interval
     (estimate,) = [t for t in chooser.times[0].estimates() if t is not None]
-    assert estimate == pytest.approx(0.039 * 4 / 7 + 0.001 * 3 / 7)  # not 1 or 39 ms, as per step
+    assert estimate == pytest.approx(0.020)  # not 1 or 39 ms, as per step
 
 
 def test_a_window_that_leaves_its_bucket_or_is_cut_short_is_not_kept() -> None:
@@ -101,13 +143,13 @@ def test_a_window_that_leaves_its_bucket_or_is_cut_short_is_not_kept() -> None:
     window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
     clock = 1.0
     for step in range(chooser.window_steps):
-        batch = 16 if step < 3 else 7  # requests finished: the batch fell to another bucket
+        batch = 16 if step < 2 else 7  # requests finished: the batch fell to another bucket
         chooser.step_finished(window, batch, clock, clock + 0.02)
         clock += 0.02
     assert chooser.times[4].estimates() == [None] * (K + 1), "2 timed steps at its bucket: too few"
     chooser.current = None
     second = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
-    for _ in range(4):
+    for _ in range(3):
         chooser.step_finished(second, 16, clock, clock + 0.02)
         clock += 0.02
     third = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
