@@ -86,9 +86,10 @@ def vllm_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
-    """Parse the engine flags exactly as `vllm serve` would."""
-    validate_parsed_serve_args = serving("validate_parsed_serve_args")
+def engine_argv(settings: Settings) -> list[str]:
+    """The `vllm serve` flags of this engine: the model (the embedded one with its flags and
+    drafter, or ``--model``), then the user's vLLM flags. Plain vLLM started with them runs
+    the same engine (the benchmarks against vLLM do)."""
     for flag in settings.vllm_args:
         name = flag.split("=", 1)[0]
         if name in _OWNED_FLAGS:
@@ -104,9 +105,16 @@ def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
         )
     else:
         argv = ["--model", settings.model]
+    return [*argv, *settings.vllm_args]
+
+
+def build_vllm_namespace(settings: Settings) -> argparse.Namespace:
+    """Parse the engine flags exactly as `vllm serve` would."""
+    validate_parsed_serve_args = serving("validate_parsed_serve_args")
+    argv = engine_argv(settings)
     parser = vllm_parser()
     try:
-        args = parser.parse_args([*argv, *settings.vllm_args])
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed the reason
         raise SettingsError(f"invalid vLLM flags: {settings.vllm_args}") from exc
     unsupported = [

@@ -38,24 +38,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def servers(model_dir: Path) -> dict[str, tuple[list[str], bool]]:
-    from engine.args import embedded_engine_flags
+def servers() -> dict[str, tuple[list[str], bool]]:
+    """Flags per server: plain vLLM gets the engine flags phasespec builds from the same settings
+    (the embedded model, its drafter, ``PHASESPEC_VLLM_ARGS``), so both run one engine."""
+    from config import Settings
+    from engine.args import engine_argv
 
+    settings = Settings()  # type: ignore[call-arg]
     return {
-        "vllm": (["--model", str(model_dir), *embedded_engine_flags()], True),
+        "vllm": (engine_argv(settings), True),
         "phasespec-off": (["--phases.policy", "off"], False),
         "phasespec-on": ([], False),
     }
 
 
-def rotated_servers(
-    model_dir: Path, names: list[str], rounds: int, out: Path
-) -> Iterator[tuple[int, str, ServerProcess]]:
+def rotated_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[int, str, ServerProcess]]:
     """Each round, each named server started in turn (order rotated by round), stopped after use."""
     for round_ in range(rounds):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            flags, is_vllm = servers(model_dir)[name]
+            flags, is_vllm = servers()[name]
             server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
             server.start()
             try:
@@ -69,14 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     from config import Settings
     from engine.default_model import ensure_default_model
 
-    model_dir = ensure_default_model(Settings().engine.cache_dir)  # type: ignore[call-arg]
+    ensure_default_model(Settings().engine.cache_dir)  # type: ignore[call-arg]  # once, before the servers
     out = cfg.out or ROOT / "load" / "results" / time.strftime("overhead-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     os.environ["PHASESPEC_LOAD_STATS"] = "0"
     os.environ["PHASESPEC_LOAD_THINKING_BUDGET"] = str(cfg.thinking_budget)
     users = [int(u) for u in cfg.users.split(",")]
     runs: list[dict[str, Any]] = []
-    for round_, name, server in rotated_servers(model_dir, list(servers(model_dir)), cfg.rounds, out):
+    for round_, name, server in rotated_servers(list(servers()), cfg.rounds, out):
         for n in users:
             summary = run_load(
                 load_args(

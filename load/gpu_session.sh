@@ -5,7 +5,7 @@
 # STEPS picks a subset (default: all, in this order).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-selfdraft-async tests-selfdraft-async tests-ngramgpu-fdo bench-mixed bench-selfdraft-fdo"}
+STEPS=${STEPS:-"bench-selfdraft-async tests-sampled-selfdraft bench-serve bench-mixed bench-selfdraft-fdo"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -47,6 +47,10 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA \
       "tests/test_api.py::test_the_thinking_budget_holds_under_sampling" ;;
+  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_serve_overhead --concurrency 1,16 --rounds 3 \
+      --servers vllm,phasespec-off,phasespec-on --out "$RES/$s" ;;
   tests-ngramgpu-fdo)
     PHASESPEC_VLLM_ARGS="[$GPU, $NGRAM_GPU, $FDO]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA tests/test_depth_hook.py ;;

@@ -172,6 +172,21 @@ def test_engine_flags_still_pass() -> None:
     assert args.max_model_len == 1024
 
 
+def test_plain_vllm_in_the_benchmarks_runs_the_engine_phasespec_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """load/bench_overhead.py starts plain vLLM with the flags phasespec builds from the same
+    settings: the embedded model and its drafter, then PHASESPEC_VLLM_ARGS (the GPU flags)."""
+    from engine.args import build_vllm_namespace, vllm_parser
+    from load.bench_overhead import servers
+
+    monkeypatch.setenv("PHASESPEC_VLLM_ARGS", '["--max-model-len", "1024", "--dtype", "bfloat16"]')
+    flags, is_vllm = servers()["vllm"]
+    assert is_vllm and flags[0] == "--model" and flags[-4:] == ["--max-model-len", "1024", "--dtype", "bfloat16"]
+    plain = vllm_parser().parse_args(flags)
+    ours = build_vllm_namespace(Settings())  # type: ignore[call-arg]
+    for dest in ("model", "speculative_config", "dtype", "max_model_len", "enforce_eager", "reasoning_parser"):
+        assert getattr(plain, dest) == getattr(ours, dest), dest
+
+
 def test_request_defaults_hold_eos_through_the_budget_and_a_request_s_own_values_win() -> None:
     """The embedded model's defaults (engine/llm.py apply_defaults), on vLLM's own SamplingParams."""
     from vllm import SamplingParams
