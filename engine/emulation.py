@@ -11,7 +11,7 @@ raising ``--engine.emulate_scale``, which keeps the shape and the ratios.
 
 Profiles:
 - ``moe-offload``: ``7 + 48 * tokens``. DeepSeek-V4-Flash on an RTX 5090 with
-  the MoE experts in system RAM (shared/context): about 150 ms per step at k=2
+  the MoE experts in system RAM (docs/benchmarks.md): about 150 ms per step at k=2
   whatever the acceptance (11-13 tok/s at 30-50% acceptance while reasoning,
   17.4-17.9 tok/s at 87-90% in the answer). Every extra verified token reads
   other experts from RAM, so the cost is linear in tokens; the fit puts 55 ms

@@ -7,7 +7,7 @@ has no trained drafter, so this builds one from the target itself: every
 decoder weight matrix rounded per output row to ``BITS`` bits (symmetric,
 stored as float32 so any vLLM can load it). Embeddings and norms stay exact.
 
-Why this construction (measured on the CPU engine at depth 3, DESIGN.md): an
+Why this construction (measured on the CPU engine at depth 3, docs/design.md): an
 untrained early exit (the first 4 or 16 layers) accepts ~2% of drafts and a
 copy with the middle layers skipped 8%; a rounded full copy accepts in
 proportion to how sure the target is, so its acceptance differs by phase as a

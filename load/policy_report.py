@@ -160,7 +160,7 @@ def summarize(cells: list[Cell]) -> list[dict[str, Any]]:
 
 
 USER_MAP = Policy(1, 2)
-"""The static map of the user in shared/context: reasoning 1, answer 2."""
+"""The DeepSeek-V4 user's static map (docs/benchmarks.md): reasoning 1, answer 2."""
 
 
 def _ratio(value: float, against: float | None) -> float | None:
