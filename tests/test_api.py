@@ -271,4 +271,3 @@ def test_the_thinking_budget_holds_under_sampling(
     unended = [length for length in lengths if isinstance(length, str)]
     assert not unended, unended
     assert max(length for length in lengths if isinstance(length, int)) <= EMBEDDED_THINKING_BUDGET + end_len, lengths
-
