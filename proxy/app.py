@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from config import Settings
 from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
-from engine.compat import require_vllm, serving
+from engine.compat import find_vllm, require_vllm, sampled_thinking_budget_holds, serving
 from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
 from engine.spec_stats import PHASES as PHASE_NAMES
@@ -106,6 +106,14 @@ def warn_spec_limits(engine: PhasespecLLM) -> None:
             "give a --speculative-config to use it"
         )
         return
+    release = find_vllm().version
+    if not sampled_thinking_budget_holds(release):
+        log.warning(
+            "vLLM %s (before 0.32) with speculative decoding: a thinking budget did not hold for sampled "
+            "requests on 0.26-0.31 (some end without the reasoning end string, plain vLLM too; docs/vllm.md); "
+            "greedy requests are not affected",
+            release,
+        )
     mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)
     if getattr(mode, "name", None) == "FULL_DECODE_ONLY":
         # vLLM captures FULL graphs for uniform decode batches of exactly 1 + K tokens per

@@ -125,6 +125,14 @@ def test_a_drafter_that_drafts_only_k_keeps_k_and_the_installed_one_still_assert
     assert all(compat.drafter_takes_lower_k(m) for m in ("ngram", "draft_model", "eagle3", "mtp"))
 
 
+@pytest.mark.parametrize(
+    ("release", "holds"),
+    [("0.23.1.dev12+g1234", False), ("0.26.0", False), ("0.31.0", False), ("0.32.0", True), ("0.33.0", True)],
+)
+def test_releases_before_0_32_are_flagged_for_the_sampled_thinking_budget(release: str, holds: bool) -> None:
+    assert compat.sampled_thinking_budget_holds(release) is holds
+
+
 def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     def make_spec_decoding_stats(self: Any, spec_decoding_stats: Any, num_draft_tokens: Any) -> None: ...
 
