@@ -133,8 +133,8 @@ async def run_cell(
             extra_args={
                 XARG_DEPTH + "reasoning": policy.reasoning,
                 XARG_DEPTH + "answer": policy.answer,
-                # A tool call (the tool parser can see one in free text) goes as the answer does;
-                # left out, it ran at K under every static policy, "none" included.
+                # A tool call goes as the answer does (left out, it would run at the server's
+                # tool-call depth, K, under every static policy, "none" included).
                 XARG_DEPTH + "tool_call": policy.answer,
                 XARG_POLICY: "adaptive" if policy.adaptive else "static",
                 XARG_STATS: 1,
