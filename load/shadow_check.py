@@ -27,9 +27,9 @@ async def main_async(cfg: argparse.Namespace) -> None:
     print(json.dumps(by_depth, indent=1))
     print("position  shadow@1  verified@K  diff   2*se")
     for j, (a, b) in enumerate(zip(shallow["acceptance_by_position"], deep["acceptance_by_position"], strict=True)):
-        se = math.sqrt(a * (1 - a) / shallow["num_drafts"] + b * (1 - b) / deep["num_drafts"])
+        se = math.sqrt(a * (1 - a) / shallow["steps"] + b * (1 - b) / deep["steps"])
         print(f"{j + 1:>8}  {a:8.4f}  {b:10.4f}  {a - b:+.4f} {2 * se:.4f}")
-    print(f"steps: depth 1 {shallow['num_drafts']}, depth {k} {deep['num_drafts']} (steps with a proposal)")
+    print(f"steps: depth 1 {shallow['steps']}, depth {k} {deep['steps']} (steps with a proposal)")
 
 
 def main() -> None:

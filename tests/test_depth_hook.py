@@ -254,8 +254,8 @@ async def test_shadow_acceptance_at_depth_one_matches_verified_acceptance_at_dep
     await skip_without_shadow_drafts(engine)
     by_depth = await probe_shadow_acceptance(engine, requests=48, max_tokens=96)
     shallow, deep = by_depth["1"], by_depth[str(K)]
-    assert shallow["num_drafts"] > 200 and deep["num_drafts"] > 200, by_depth
+    assert shallow["steps"] > 200 and deep["steps"] > 200, by_depth
     pairs = zip(shallow["acceptance_by_position"], deep["acceptance_by_position"], strict=True)
     for j, (shadow, real) in enumerate(pairs):
-        se = math.sqrt(shadow * (1 - shadow) / shallow["num_drafts"] + real * (1 - real) / deep["num_drafts"])
+        se = math.sqrt(shadow * (1 - shadow) / shallow["steps"] + real * (1 - real) / deep["steps"])
         assert abs(shadow - real) <= max(SHADOW_TOLERANCE, 4 * se), (j + 1, by_depth)
