@@ -33,7 +33,7 @@ cost in its time (its after-switch time stands in until a steady one exists),
 and would be passed over for good: a depth the choice passes over is explored
 again once it has not run for K / ``explore_share`` windows of this bucket, for
 two windows, the second one steady. On the H200 the depths the chooser rarely
-ran read 43-90% above what static cells measured (docs/gpu.md).
+ran read 43-75% above what static cells measured (docs/gpu.md).
 """
 
 from __future__ import annotations
