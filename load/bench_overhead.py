@@ -54,10 +54,11 @@ def servers() -> dict[str, tuple[list[str], bool]]:
 
 def rotated_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[int, str, ServerProcess]]:
     """Each round, each named server started in turn (order rotated by round), stopped after use."""
+    flags_of = servers()  # once: it builds the embedded model (and its drafter) if missing
     for round_ in range(rounds):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            flags, is_vllm = servers()[name]
+            flags, is_vllm = flags_of[name]
             server = ServerProcess(*flags, log_path=out / f"{name}-r{round_}.log", vllm_server=is_vllm)
             server.start()
             try:
@@ -68,10 +69,6 @@ def rotated_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
-    from config import Settings
-    from engine.default_model import ensure_default_model
-
-    ensure_default_model(Settings().engine.cache_dir)  # type: ignore[call-arg]  # once, before the servers
     out = cfg.out or ROOT / "load" / "results" / time.strftime("overhead-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     os.environ["PHASESPEC_LOAD_STATS"] = "0"
