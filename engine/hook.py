@@ -19,7 +19,8 @@ extension points:
 - Counters are fed from ``make_spec_decoding_stats``, the exact call that
   feeds vLLM's Prometheus spec-decode counters, so they agree to the token.
 
-Which vLLM it runs on is decided by engine/compat.py, by feature detection.
+Which vLLM it runs on is decided by engine/compat.py, by feature detection:
+``engine.runtime.install_depth_hook`` checks it before importing this module.
 """
 
 from __future__ import annotations
@@ -29,21 +30,18 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from engine.compat import drafter_takes_lower_k, lowers_batch_k, require_vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
 
-require_vllm()  # before touching any internal below: names whatever is missing
-
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.engine.core import EngineCore  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-
-from engine.acceptance import Resolved, ShadowBook  # noqa: E402
-from engine.controller import ControllerSettings, DepthController, Planned, StepPlan, budget_hold  # noqa: E402
-from engine.emulation import PadCounter, StepEmulation  # noqa: E402
-from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger  # noqa: E402
+from engine.acceptance import Resolved, ShadowBook
+from engine.compat import drafter_takes_lower_k, lowers_batch_k
+from engine.controller import ControllerSettings, DepthController, Planned, StepPlan, budget_hold
+from engine.emulation import PadCounter, StepEmulation
+from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger
 
 PASS_FREE_METHODS = ("ngram", "ngram_gpu", "suffix")
 """Drafters that search the text: their cost does not grow by a forward pass per draft position."""

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
-from engine.hook import scheduler_class
+from engine.compat import require_vllm
 from engine.llm import PhasespecLLM, RequestDefaults
 from engine.spec_stats import EXTRA_KEY
 from engine.vllm_fixes import WORKER_EXTENSION
@@ -58,6 +58,9 @@ def install_depth_hook(vllm_config: Any, options: dict[str, Any]) -> None:
     options (controller, emulation) travel in ``additional_config``, which
     vLLM hands to the engine core with the rest of its config.
     """
+    require_vllm()  # before the hook imports any vLLM internal: names whatever is missing
+    from engine.hook import scheduler_class
+
     if not isinstance(vllm_config.additional_config, dict):
         raise ValueError("phasespec's depth hook needs additional_config to be a dict")
     vllm_config.additional_config[EXTRA_KEY] = options
