@@ -99,11 +99,13 @@ class DepthScheduler(Scheduler):
         # Lowering the batch's drafting count is vLLM's own dynamic-SD knob,
         # which vLLM disables under data parallelism (ranks draft in lockstep);
         # some drafters only draft exactly K (compat.FIXED_K_DRAFTERS).
+        # vLLM 0.23.0 has no per-step drafting count (compat.lowers_batch_k): it drafts K.
         method = getattr(self.vllm_config.speculative_config, "method", None)
+        self._has_batch_k = lowers_batch_k()
         self._lower_batch_k = (
             self.num_spec_tokens > 0
             and self.parallel_config.data_parallel_size == 1
-            and lowers_batch_k()
+            and self._has_batch_k
             and drafter_takes_lower_k(method)
         )
         # Under sync scheduling the drafts are back in the scheduler before the
@@ -288,7 +290,8 @@ class DepthScheduler(Scheduler):
             scheduler_output.num_spec_tokens_to_schedule = min(
                 scheduler_output.num_spec_tokens_to_schedule, max(wanted, 1)
             )
-        self._draft_limit = scheduler_output.num_spec_tokens_to_schedule or self.num_spec_tokens
+        if self._has_batch_k:
+            self._draft_limit = scheduler_output.num_spec_tokens_to_schedule or self.num_spec_tokens
         super()._update_after_schedule(scheduler_output)
 
     def make_spec_decoding_stats(  # type: ignore[no-untyped-def]

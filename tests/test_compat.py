@@ -113,6 +113,26 @@ def test_a_vllm_without_the_batch_drafting_count_starts_with_a_warning_and_draft
     assert compat.lowers_batch_k() is False
 
 
+def test_the_hook_schedules_a_step_on_a_vllm_without_the_batch_drafting_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.23.0 on an H200: the hook read ``num_spec_tokens_to_schedule`` after every schedule and
+    the engine core died at the first step (AttributeError). Without the field it drafts K."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from engine.hook import DepthScheduler
+
+    base_calls = []
+    monkeypatch.setattr(Scheduler, "_update_after_schedule", lambda self, output: base_calls.append(output))
+    hook = object.__new__(DepthScheduler)
+    hook.num_spec_tokens, hook._plan, hook._draft_limit = 3, None, 3  # as __init__ leaves them
+    hook._has_batch_k = hook._lower_batch_k = False  # what __init__ sets when compat.lowers_batch_k() is False
+    output = SimpleNamespace(num_scheduled_tokens={"a": 4})  # a 0.23.0 SchedulerOutput has no drafting count
+    hook._update_after_schedule(output)  # type: ignore[arg-type]
+    assert base_calls == [output]
+    assert hook._draft_limit == 3  # the drafter proposed K
+
+
 def test_a_drafter_that_drafts_only_k_keeps_k_and_the_installed_one_still_asserts_it() -> None:
     """ngram_gpu's proposer asserts its drafting count equals K (an engine-core crash on an H200,
     vLLM 0.26.0, when phasespec lowered it); model drafters and CPU ngram take a lower count."""
