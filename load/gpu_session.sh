@@ -2,10 +2,12 @@
 # One GPU session's runs, in order of importance, each logged to $RES/<name>.log (docs/gpu.md has
 # the results and what each shows). Run from the checkout on a CUDA machine with vLLM importable:
 #   RES=~/gpu_results setsid nohup bash load/gpu_session.sh > ~/gpu_results/session.log 2>&1 &
-# STEPS picks a subset (default: all, in this order).
+# STEPS picks a subset (default: what the last session left unrun, in order of importance).
+# Another vLLM (a second bundle assembled under ~/parts023): the same steps with
+#   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS=tests-selfdraft-async bash load/gpu_session.sh
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-selfdraft-async tests-sampled-selfdraft bench-serve bench-mixed bench-selfdraft-fdo"}
+STEPS=${STEPS:-"bench-serve tests-selfdraft-async bench-selfdraft-fdo bench-selfdraft-async"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -47,7 +49,7 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA \
       "tests/test_api.py::test_the_thinking_budget_holds_under_sampling" ;;
-  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags
+  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags, no budget
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_serve_overhead --concurrency 1,16 --rounds 3 \
       --servers vllm,phasespec-off,phasespec-on --out "$RES/$s" ;;
