@@ -112,7 +112,6 @@ class DepthScheduler(Scheduler):
         # next step, so cut drafts can be matched (shadow drafts); under async
         # scheduling they stay in the worker and only verified positions are seen.
         self._shadow = not isinstance(self, AsyncScheduler)
-        self._books: dict[str, ShadowBook] = {}
         self._draft_limit = self.num_spec_tokens
         # Decode-only steps as (requests, tokens verified, draft tokens, seconds):
         # the cost curve a depth policy must respect.
@@ -221,9 +220,10 @@ class DepthScheduler(Scheduler):
                 continue  # not a decode step of a tracked request
             ledger = self.spec_ledger.get(engine_id)
             request = self.requests[engine_id]
-            book = self._books.setdefault(engine_id, ShadowBook())
             assert ledger is not None
-            book.propose(request.num_output_tokens, drafts, limit, verified, ledger.phase)
+            if ledger.book is None:
+                ledger.book = ShadowBook()
+            ledger.book.propose(request.num_output_tokens, drafts, limit, verified, ledger.phase)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> Any:
         own_started = time.perf_counter()
@@ -245,8 +245,7 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(engine_id)
             if request is None or ledger is None or scheduled[engine_id] != 1 + len(spec.get(engine_id, ())):
                 continue  # finished in this step (its last proposal stays undecided), or a prefill
-            book = self._books.get(engine_id)
-            for resolved in book.feed(request.output_token_ids) if book is not None else ():
+            for resolved in ledger.book.feed(request.output_token_ids) if ledger.book is not None else ():
                 self.controller.observe(engine_id, resolved)
             new_tokens = request.num_output_tokens - ledger.tokens_seen
             ledger.tokens_seen = request.num_output_tokens
@@ -300,10 +299,10 @@ class DepthScheduler(Scheduler):
         if num_draft_tokens:  # the same rule vLLM applies before counting a draft
             drafted = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
             self.spec_ledger.observe(request_id, self.current_step, drafted, num_accepted_tokens)
-            book = self._books.get(request_id)
-            if book is not None:
-                book.verified(num_accepted_tokens)
-            elif not self._shadow and (ledger := self.spec_ledger.get(request_id)) is not None:
+            ledger = self.spec_ledger.get(request_id)
+            if ledger is not None and ledger.book is not None:
+                ledger.book.verified(num_accepted_tokens)
+            elif not self._shadow and ledger is not None:
                 # No drafts to match: the verified positions are all there is.
                 seen = Resolved(drafted, drafted, num_accepted_tokens, drafted, ledger.phase)
                 self.controller.observe(request_id, seen)
@@ -314,7 +313,6 @@ class DepthScheduler(Scheduler):
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Every finished and aborted request passes here exactly once.
         self.spec_ledger.finish(request.request_id)
-        self._books.pop(request.request_id, None)
         self.controller.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 

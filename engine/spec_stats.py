@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.acceptance import ShadowBook
+
 EXTRA_KEY = "phasespec"
 """phasespec's key in ``SamplingParams.extra_args`` (a request's depth metadata) and in
 ``additional_config`` (the engine-side options)."""
@@ -108,6 +110,8 @@ class RequestLedger:
     tokens_seen: int = 0
     trace: list[tuple[int, int, int, str]] | None = None
     """(engine step, drafted, accepted, phase) per verify step, when asked for."""
+    book: ShadowBook | None = None
+    """Its proposals waiting for the tokens that decide them (sync scheduling: shadow drafts)."""
 
     @property
     def verified_depth(self) -> int:
