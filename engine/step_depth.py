@@ -122,6 +122,9 @@ class StepDepthChooser:
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
+    history: deque[tuple[int, int, bool, int, float]] = field(default_factory=lambda: deque(maxlen=256))
+    """The last closed windows as (bucket, depth, switched, timed steps, mean step seconds): what
+    the estimates were made from (``/phasespec/state``)."""
 
     def choose(
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
@@ -191,6 +194,7 @@ class StepDepthChooser:
             return
         table = self.bucket(window.bucket)
         mean = window.seconds / window.timed
+        self.history.append((window.bucket, window.depth, window.switched, window.timed, mean))
         if not window.switched:
             table.steady[window.depth].append(mean)
             return
@@ -214,6 +218,10 @@ class StepDepthChooser:
             str(bucket): [None if t is None else round(t * 1e3, 3) for t in table.estimates()]
             for bucket, table in sorted(self.times.items())
         }
+
+    def windows_snapshot(self) -> list[list[Any]]:
+        """The last closed windows: [bucket, depth, switched, timed steps, mean step ms]."""
+        return [[b, d, s, n, round(t * 1e3, 3)] for b, d, s, n, t in self.history]
 
     def switch_snapshot(self) -> dict[str, float]:
         """Per bucket, the measured extra ms a window pays for switching depth."""

@@ -207,3 +207,15 @@ def test_a_passed_over_depth_is_run_again_after_k_over_explore_share_windows() -
     again = depths.index(1, first + 1)
     assert again - first <= 1 + K / 0.25, "depth 1 was timed again within K / explore_share windows"
     assert depths[-10:].count(1) >= 6, "and chosen once its median is current"
+
+
+def test_closed_windows_are_kept_for_the_state_endpoint() -> None:
+    """What the estimates were made from, window by window (bucket, depth, switched, steps, mean ms)."""
+    chooser = StepDepthChooser(K, random.Random(1))
+    clock = [1.0]
+    depths = [run_window(chooser, 4, WEAK, clock, 20.0 + 5 * k) for k in range(K + 1)]
+    history = chooser.windows_snapshot()
+    assert [row[1] for row in history] == depths
+    assert [row[2] for row in history] == [True] * (K + 1), "every depth was new, so every window switched"
+    assert [row[4] for row in history] == pytest.approx([20.0, 25.0, 30.0, 35.0])
+    assert {row[0] for row in history} == {2}  # batch 4: bucket 2
