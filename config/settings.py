@@ -18,6 +18,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, CliUnknownArgs, SettingsConfigDict
 
+from engine.controller import ControllerSettings
+
+_CONTROLLER = ControllerSettings()
+"""The controller's own defaults: the adaptive settings below start from them."""
+
 
 class ServerSettings(BaseModel):
     """The HTTP side."""
@@ -109,14 +114,14 @@ class AdaptiveSettings(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    explore_share: float = Field(default=0.05, ge=0.0, le=1.0)
+    explore_share: float = Field(default=_CONTROLLER.explore_share, ge=0.0, le=1.0)
     """Share of steps whose depths move at random by up to one: what the step-cost slope is learned from.
     With one depth per step: about the share of windows that re-time a depth the choice passes over."""
-    settled_explore_share: float = Field(default=0.01, ge=0.0, le=1.0)
+    settled_explore_share: float = Field(default=_CONTROLLER.settled_explore_share, ge=0.0, le=1.0)
     """The share once the slope's standard error is worth under 0.05 tokens per draft."""
-    shadow_share: float = Field(default=0.25, ge=0.0, le=1.0)
+    shadow_share: float = Field(default=_CONTROLLER.shadow_share, ge=0.0, le=1.0)
     """Share of steps after which the drafter proposes all K drafts (shadow drafts)."""
-    warmup_steps: int = Field(default=40, ge=0)
+    warmup_steps: int = Field(default=_CONTROLLER.warmup_steps, ge=0)
     """Random steps taken first (depths drawn from 0..cap), before any cost slope is learned."""
     step_depth: Literal["auto", "on", "off"] = "auto"
     """One depth for the whole step, chosen from the step time measured at each depth, instead of a

@@ -153,17 +153,9 @@ def apply_environment(settings: Settings) -> None:
 
 def hook_options(settings: Settings) -> dict[str, Any]:
     """What the depth hook needs in the engine core: controller settings and the step emulation."""
-    adaptive = settings.adaptive
-    options: dict[str, Any] = {
-        "adaptive": {
-            "explore_share": adaptive.explore_share,
-            "settled_explore_share": adaptive.settled_explore_share,
-            "shadow_share": adaptive.shadow_share,
-            "warmup_steps": adaptive.warmup_steps,
-            "step_depth": adaptive.step_depth,
-            "seed": adaptive.seed,
-        }
-    }
+    # Every adaptive setting is a ControllerSettings field (step_depth: auto/on/off, resolved in
+    # the engine core), except the summary period, which the front end keeps.
+    options: dict[str, Any] = {"adaptive": settings.adaptive.model_dump(exclude={"summary_interval_s"})}
     spec = settings.engine.emulate_step_ms
     if spec:
         try:

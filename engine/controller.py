@@ -1,7 +1,9 @@
 """The adaptive depth controller: every engine step, every adaptive request's depth.
 
 Pure logic (no vLLM imports); the engine hook (engine/hook.py) calls ``plan``
-before vLLM schedules a step and feeds back what the step cost and produced.
+with the scheduled requests' ``RequestLedger`` (engine/spec_stats.py), whose
+``rates`` and ``chosen`` are this controller's per-request state, before vLLM
+schedules a step, and feeds back what the step cost and produced.
 
 The decision: for a batch of requests with per-position acceptance ``c`` and
 proposal rates ``p`` (engine/acceptance.py) and a step cost
@@ -34,7 +36,7 @@ from engine.acceptance import (
     phase_estimate,
 )
 from engine.cost_model import CostEstimate, StepCostModel
-from engine.spec_stats import ANSWER, TOOL_CALL
+from engine.spec_stats import ANSWER, TOOL_CALL, RequestLedger
 from engine.step_depth import StepDepthChooser, StepWindow
 
 
@@ -206,18 +208,6 @@ def budget_hold(output_tokens: int, budget: int | None, phase: str, max_depth: i
 
 
 @dataclass(slots=True)
-class Planned:
-    engine_id: str
-    phase: str
-    depth: int
-    """Fixed depth, or the cap of an adaptive request."""
-    adaptive: bool
-    proposed: int | None = None
-    """Drafts the drafter proposed for this step, when known before scheduling
-    (sync scheduling); None: unknown."""
-
-
-@dataclass(slots=True)
 class StepPlan:
     depths: dict[str, int]
     """Chosen depth of every adaptive request in the batch."""
@@ -232,14 +222,6 @@ class StepPlan:
 
 _Prior = tuple[Weights, tuple[list[float], list[float]]]
 """A phase's request weights and its (a, p) estimates."""
-
-
-@dataclass(slots=True)
-class _Request:
-    phase: str
-    rates: RequestRates
-    depth: int | None = None
-    """The last depth chosen for it (not on random steps)."""
 
 
 @dataclass(slots=True)
@@ -262,7 +244,6 @@ class DepthController:
         self.cost = StepCostModel()
         self.phases: dict[str, PositionRates] = {}
         self.weights: dict[str, RequestWeights] = {}
-        self.requests: dict[str, _Request] = {}
         self.window: dict[str, PhaseWindow] = {}
         self.by_verified: dict[int, VerifiedCounts] = {}
         self.explored_steps = 0
@@ -293,26 +274,22 @@ class DepthController:
             self.weights[phase] = chooser
         return chooser
 
-    def track(self, engine_id: str, phase: str) -> None:
-        """A request enters ``phase`` (or arrives): it restarts from that phase's estimate."""
-        request = self.requests.get(engine_id)
-        if request is not None and request.phase == phase:
-            return
-        rates = RequestRates.start(self.phase_rates(phase), self.settings.request_keep)
-        self.requests[engine_id] = _Request(phase, rates)
+    def track(self, request: RequestLedger) -> RequestRates:
+        """The request's estimates; entering a phase (or arriving) restarts them from the phase's."""
+        if request.rates is None or request.rates_phase != request.phase:
+            request.rates = RequestRates.start(self.phase_rates(request.phase), self.settings.request_keep)
+            request.rates_phase, request.chosen = request.phase, None
+        return request.rates
 
-    def forget(self, engine_id: str) -> None:
-        self.requests.pop(engine_id, None)
-
-    def observe(self, engine_id: str, resolved: Resolved) -> None:
+    def observe(self, request: RequestLedger, resolved: Resolved) -> None:
         """A proposal of this request was decided (engine/acceptance.py)."""
-        request = self.requests.get(engine_id)
-        if request is not None and request.phase == resolved.phase:
+        rates = request.rates
+        if rates is not None and request.rates_phase == resolved.phase:
             if self._score_rng.random() < self._score_share:
                 # Scored before anything learns from it: a prediction, not a fit.
                 chooser = self.weight_chooser(resolved.phase)
-                chooser.score(request.rates, resolved.observed, resolved.proposed, resolved.run)
-            request.rates.own.observe(resolved.observed, resolved.proposed, resolved.run)
+                chooser.score(rates, resolved.observed, resolved.proposed, resolved.run)
+            rates.own.observe(resolved.observed, resolved.proposed, resolved.run)
         self.phase_rates(resolved.phase).observe(resolved.observed, resolved.proposed, resolved.run)
         if resolved.observed >= self.max_depth:
             self.by_verified.setdefault(resolved.verified, VerifiedCounts()).add(resolved.run, self.max_depth)
@@ -320,39 +297,40 @@ class DepthController:
             self.shadow_checked += 1
             self.shadow_disagreed += not resolved.agrees
 
-    def estimates(self, engine_id: str) -> list[float]:
-        request = self.requests.get(engine_id)
-        if request is None:
+    def estimates(self, request: RequestLedger) -> list[float]:
+        if request.rates is None:
             return []
-        return request.rates.estimate(self.weight_chooser(request.phase).best())[0]
+        return request.rates.estimate(self.weight_chooser(request.rates_phase).best())[0]
 
-    def _candidate(self, request: _Request, low: int, high: int, priors: dict[str, _Prior]) -> Candidate:
+    def _candidate(self, request: RequestLedger, low: int, high: int, priors: dict[str, _Prior]) -> Candidate:
         """The request's estimates; ``priors`` caches each phase's weight and (c, p) within one step."""
+        rates = self.track(request)
         prior = priors.get(request.phase)
         if prior is None:
-            phase = request.rates.phase
-            prior = (self.weight_chooser(request.phase).best(), phase_estimate(phase))
+            prior = (self.weight_chooser(request.phase).best(), phase_estimate(rates.phase))
             priors[request.phase] = prior
-        accepted, proposed = request.rates.estimate(*prior)
+        accepted, proposed = rates.estimate(*prior)
         return Candidate(accepted, proposed, low, high)
 
     # --- decisions ---
 
-    def plan(self, batch: Sequence[Planned]) -> StepPlan:
-        adaptive = [p for p in batch if p.adaptive]
+    def plan(self, batch: Sequence[RequestLedger]) -> StepPlan:
+        """The coming step's depth for every adaptive request of ``batch`` (every request scheduled)."""
+        modes = [request.planned() for request in batch]
+        adaptive = [(request, cap) for request, (cap, is_adaptive) in zip(batch, modes, strict=True) if is_adaptive]
         if not adaptive:
             return StepPlan({}, False, None, False)
         s = self.settings
         self.planned_steps += 1
         self._score_share = min(1.0, s.scored_per_step / len(batch))
         if s.step_depth:
-            return self._plan_step_depth(batch, adaptive)
+            return self._plan_step_depth(len(batch), adaptive)
         warm = self.explored_steps >= s.warmup_steps
         explore = self._explore_next or not warm
         # A random step only teaches the slope through requests with drafts to
         # verify: when the drafter proposed none (known under sync scheduling),
         # the random step waits for the next step that has some.
-        informative = any(p.proposed is None or p.proposed > 0 for p in adaptive)
+        informative = any(request.proposed is None or request.proposed > 0 for request, _ in adaptive)
         cost = self.cost.estimate(len(batch))
         self._explore_next = explore and not informative
         if not self._explore_next:
@@ -361,40 +339,34 @@ class DepthController:
         if explore and informative:
             self.explored_steps += 1
             depths, instrument = {}, 0.0
-            for p in adaptive:
-                request = self.requests.get(p.engine_id)
-                decided = request.depth if warm and request is not None else None
-                depths[p.engine_id], centred = self._random_depth(p.depth, decided, p.proposed)
+            for request, cap in adaptive:
+                decided = request.chosen if warm else None
+                depths[request.engine_id], centred = self._random_depth(cap, decided, request.proposed)
                 instrument += centred
             return StepPlan(depths, True, instrument, full_draft)
         candidates, previous = [], []
         priors: dict[str, _Prior] = {}
-        for p in batch:
-            self.track(p.engine_id, p.phase)
-            request = self.requests[p.engine_id]
-            low = 0 if p.adaptive else p.depth
-            candidates.append(self._candidate(request, low, p.depth, priors))
-            last = request.depth if p.adaptive else p.depth
-            previous.append(last if last is not None and low <= last <= p.depth else None)
+        for request, (cap, is_adaptive) in zip(batch, modes, strict=True):
+            low = 0 if is_adaptive else cap
+            candidates.append(self._candidate(request, low, cap, priors))
+            last = request.chosen if is_adaptive else cap
+            previous.append(last if last is not None and low <= last <= cap else None)
         chosen, rate = best_depths(candidates, cost)
         chosen = settle(candidates, chosen, previous, rate, cost, s.hysteresis)
         depths = {}
-        for p, d in zip(batch, chosen, strict=True):
-            if p.adaptive:
-                depths[p.engine_id] = self.requests[p.engine_id].depth = d
+        for request, (_, is_adaptive), d in zip(batch, modes, chosen, strict=True):
+            if is_adaptive:
+                depths[request.engine_id] = request.chosen = d
         return StepPlan(depths, False, None, full_draft)
 
-    def _plan_step_depth(self, batch: Sequence[Planned], adaptive: Sequence[Planned]) -> StepPlan:
+    def _plan_step_depth(self, batch_size: int, adaptive: Sequence[tuple[RequestLedger, int]]) -> StepPlan:
         priors: dict[str, _Prior] = {}
-        gains = []
-        for p in adaptive:
-            self.track(p.engine_id, p.phase)
-            gains.append(_cumulative(self._candidate(self.requests[p.engine_id], 0, p.depth, priors).accepted))
-        caps = [p.depth for p in adaptive]
-        window = self.step_chooser.choose(len(batch), gains, caps, self.settings.explore_share)
+        gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
+        caps = [cap for _, cap in adaptive]
+        window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share)
         depths = {}
-        for p in adaptive:
-            depths[p.engine_id] = self.requests[p.engine_id].depth = min(p.depth, window.depth)
+        for request, cap in adaptive:
+            depths[request.engine_id] = request.chosen = min(cap, window.depth)
         # No shadow steps: a step that drafts K would be timed as this depth's.
         return StepPlan(depths, False, None, False, window)
 
@@ -481,5 +453,4 @@ class DepthController:
             "step_depth_ms": self.step_chooser.snapshot() if self.settings.step_depth else None,
             "step_depth_switch_ms": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
             "step_depth_windows": self.step_chooser.windows_snapshot() if self.settings.step_depth else None,
-            "tracked_requests": len(self.requests),
         }

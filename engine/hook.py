@@ -39,7 +39,7 @@ from vllm.v1.request import Request
 
 from engine.acceptance import Resolved, ShadowBook
 from engine.compat import drafter_takes_lower_k, lowers_batch_k
-from engine.controller import ControllerSettings, DepthController, Planned, StepPlan, budget_hold
+from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold
 from engine.emulation import PadCounter, StepEmulation
 from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger
 
@@ -183,15 +183,10 @@ class DepthScheduler(Scheduler):
             if ledger is None:
                 continue
             ledger.budget_hold = self._near_thinking_budget(request, ledger.phase)
-            if ledger.budget_hold:
-                batch.append(Planned(request.request_id, ledger.phase, 0, False))
-            elif not ledger.adaptive:
-                batch.append(Planned(request.request_id, ledger.phase, ledger.depth, False))
-            else:
-                # Under sync scheduling the drafts for this step are already
-                # here; under async they are placeholders, not yet drafted.
-                proposed = len(request.spec_token_ids) if self._shadow else None
-                batch.append(Planned(request.request_id, ledger.phase, ledger.cap, True, proposed))
+            # Under sync scheduling the drafts for this step are already
+            # here; under async they are placeholders, not yet drafted.
+            ledger.proposed = len(request.spec_token_ids) if self._shadow else None
+            batch.append(ledger)
         if not batch:
             return None
         plan = self.controller.plan(batch)
@@ -203,7 +198,7 @@ class DepthScheduler(Scheduler):
                 ledger.explored_steps += 1
                 ledger.depth = depth
             else:
-                ledger.choose(self.current_step, depth, self.controller.estimates(engine_id), per_draft_ms)
+                ledger.choose(self.current_step, depth, self.controller.estimates(ledger), per_draft_ms)
         return plan
 
     def _near_thinking_budget(self, request: Request, phase: str) -> bool:
@@ -246,7 +241,7 @@ class DepthScheduler(Scheduler):
             if request is None or ledger is None or scheduled[engine_id] != 1 + len(spec.get(engine_id, ())):
                 continue  # finished in this step (its last proposal stays undecided), or a prefill
             for resolved in ledger.book.feed(request.output_token_ids) if ledger.book is not None else ():
-                self.controller.observe(engine_id, resolved)
+                self.controller.observe(ledger, resolved)
             new_tokens = request.num_output_tokens - ledger.tokens_seen
             ledger.tokens_seen = request.num_output_tokens
             self.controller.count(ledger.phase, ledger.verified_depth, new_tokens)
@@ -305,7 +300,7 @@ class DepthScheduler(Scheduler):
             elif not self._shadow and ledger is not None:
                 # No drafts to match: the verified positions are all there is.
                 seen = Resolved(drafted, drafted, num_accepted_tokens, drafted, ledger.phase)
-                self.controller.observe(request_id, seen)
+                self.controller.observe(ledger, seen)
         return super().make_spec_decoding_stats(
             spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id
         )
@@ -313,7 +308,6 @@ class DepthScheduler(Scheduler):
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Every finished and aborted request passes here exactly once.
         self.spec_ledger.finish(request.request_id)
-        self.controller.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
 

@@ -1,7 +1,7 @@
-"""Per-request speculative-decoding counters, split by phase tag.
+"""The engine core's per-request state (``RequestLedger``) and its counters, split by phase tag.
 
-Pure bookkeeping (no vLLM imports): the engine hook feeds it exactly the
-numbers vLLM feeds its own Prometheus counters, so per-request sums equal
+No vLLM imports: the engine hook feeds the counters exactly the numbers vLLM
+feeds its own Prometheus counters, so per-request sums equal
 ``vllm:spec_decode_num_draft_tokens`` / ``_num_accepted_tokens``.
 
 Definitions follow vLLM: a *verify step* is a step that verified at least one
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.acceptance import ShadowBook
+from engine.acceptance import RequestRates, ShadowBook
 
 EXTRA_KEY = "phasespec"
 """phasespec's key in ``SamplingParams.extra_args`` (a request's depth metadata) and in
@@ -85,7 +85,9 @@ class PhaseCounters:
 
 @dataclass(slots=True)
 class RequestLedger:
-    """One engine request's depth and counters."""
+    """One engine request as the engine core sees it, from ``add_request`` to its free: its depth
+    settings, its counters by phase, its shadow drafts and the adaptive controller's estimates.
+    The hook (engine/hook.py) and the controller (engine/controller.py) both work on it."""
 
     group: str
     depth: int
@@ -112,11 +114,30 @@ class RequestLedger:
     """(engine step, drafted, accepted, phase) per verify step, when asked for."""
     book: ShadowBook | None = None
     """Its proposals waiting for the tokens that decide them (sync scheduling: shadow drafts)."""
+    engine_id: str = ""
+    """vLLM's id for it in the engine core (a member of ``group``)."""
+    proposed: int | None = None
+    """Drafts the drafter proposed for the coming step, when known before scheduling (sync
+    scheduling; the hook sets it every step); None: unknown."""
+    rates: RequestRates | None = None
+    """The adaptive controller's estimates of its acceptance (engine/controller.py), restarted
+    whenever it enters a phase."""
+    rates_phase: str = ""
+    """The phase ``rates`` belong to."""
+    chosen: int | None = None
+    """The controller's last choice for it in ``rates_phase`` (random steps aside)."""
 
     @property
     def verified_depth(self) -> int:
         """The drafts the next step may verify."""
         return 0 if self.budget_hold else self.depth
+
+    def planned(self) -> tuple[int, bool]:
+        """(depth, adaptive) for the coming step: a fixed depth, or an adaptive request's cap. A
+        request held at its thinking budget is fixed at 0."""
+        if self.budget_hold:
+            return 0, False
+        return (self.cap, True) if self.adaptive else (self.depth, False)
 
     def observe(self, step: int, drafted: int, accepted: int) -> None:
         counters = self.phases.get(self.phase)
@@ -182,7 +203,7 @@ class SpecLedger:
     def register(
         self, engine_id: str, group: str, depth: int, phase: str, step: int, trace: bool, adaptive: bool = False
     ) -> None:
-        ledger = RequestLedger(group, validate_depth(depth, self.max_depth), phase, self.max_depth)
+        ledger = RequestLedger(group, validate_depth(depth, self.max_depth), phase, self.max_depth, engine_id=engine_id)
         ledger.set_mode(depth, adaptive)
         ledger.depth_log.append((step, ledger.depth, phase))
         if trace:

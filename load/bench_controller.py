@@ -18,7 +18,8 @@ import statistics
 import time
 
 from engine.acceptance import ShadowBook
-from engine.controller import ControllerSettings, DepthController, Planned
+from engine.controller import ControllerSettings, DepthController
+from engine.spec_stats import RequestLedger
 
 
 def main() -> None:
@@ -32,6 +33,9 @@ def main() -> None:
     ctrl = DepthController(k, ControllerSettings(seed=1))
     ids = [f"req-{i}" for i in range(cfg.batch)]
     phases = {rid: rng.choice(("reasoning", "answer")) for rid in ids}
+    requests = {rid: RequestLedger(rid, k, phases[rid], k, engine_id=rid) for rid in ids}
+    for r in requests.values():
+        r.set_mode(k, adaptive=True)
     books = {rid: ShadowBook() for rid in ids}
     outputs: dict[str, list[int]] = {rid: [] for rid in ids}
     timings = []
@@ -41,7 +45,9 @@ def main() -> None:
         runs = {rid: sum(1 for _ in range(k) if rng.random() < 0.6) for rid in ids}
         bonus = {rid: 100 + rng.randrange(100) for rid in ids}
         t0 = time.perf_counter()
-        plan = ctrl.plan([Planned(rid, phases[rid], k, True, len(drafts[rid])) for rid in ids])
+        for rid in ids:
+            requests[rid].proposed = len(drafts[rid])
+        plan = ctrl.plan(list(requests.values()))
         for rid in ids:
             depth = plan.depths[rid]
             out = outputs[rid]
@@ -50,7 +56,7 @@ def main() -> None:
             books[rid].verified(accepted)
             out.extend([*drafts[rid][:accepted], bonus[rid]])
             for resolved in books[rid].feed(out):
-                ctrl.observe(rid, resolved)
+                ctrl.observe(requests[rid], resolved)
             ctrl.count(phases[rid], depth, accepted + 1)
         ctrl.step_done(cfg.batch, sum(plan.depths.values()), 0.2 + 0.001 * sum(plan.depths.values()), plan)
         timings.append(time.perf_counter() - t0)

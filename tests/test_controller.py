@@ -11,12 +11,12 @@ from engine.controller import (
     Candidate,
     ControllerSettings,
     DepthController,
-    Planned,
     best_depths,
     expected_rate,
     settle,
 )
 from engine.cost_model import CostEstimate, StepCostModel, bucket_of
+from engine.spec_stats import RequestLedger
 
 K = 3
 SETTLE_STEPS = 60
@@ -24,6 +24,13 @@ SETTLE_STEPS = 60
 and the acceptance; over 60 seeds x the 4 cases below the first decided step after them was
 the best in 237 of 240 runs, and the other 3 (flat cost, a near tie at position 3) settled by step 58."""
 ALWAYS = [1.0, 1.0, 1.0]
+
+
+def request(rid: str, phase: str = "reasoning", cap: int = K, proposed: int | None = None) -> RequestLedger:
+    """An adaptive request as the hook hands it to the controller (the same object every step)."""
+    ledger = RequestLedger(rid, cap, phase, K, engine_id=rid, proposed=proposed)
+    ledger.set_mode(cap, adaptive=True)
+    return ledger
 
 
 def chain(a: float) -> list[float]:
@@ -141,14 +148,16 @@ def test_cost_model_buckets_by_batch_size_and_borrows_the_nearest() -> None:
     assert StepCostModel().estimate(1) is None
 
 
-def synthetic_step(ctrl: DepthController, rng: random.Random, accepted: list[float], per_draft_s: float) -> int:
+def synthetic_step(
+    ctrl: DepthController, r: RequestLedger, rng: random.Random, accepted: list[float], per_draft_s: float
+) -> int:
     """One engine step of one adaptive request, drafts 1..j accepted with probability
     accepted[j-1], 55 ms + per_draft_s per draft; returns the depth chosen (-1: a random step)."""
-    plan = ctrl.plan([Planned("r", "reasoning", K, True)])
+    plan = ctrl.plan([r])
     depth = plan.depths["r"]
     u = rng.random()
     run = sum(1 for c in accepted if u < c)
-    ctrl.observe("r", Resolved(K, K, run, depth, "reasoning"))
+    ctrl.observe(r, Resolved(K, K, run, depth, "reasoning"))
     ctrl.step_done(1, depth, 0.055 + per_draft_s * depth + rng.gauss(0, 0.002), plan)
     return depth if not plan.explore else -1
 
@@ -163,8 +172,9 @@ def test_stationary_stream_settles_on_the_best_depth_and_stays(
     """Settles within SETTLE_STEPS steps (warm-up included) and never leaves (random steps aside)."""
     rng = random.Random(3)
     ctrl = DepthController(K, ControllerSettings(seed=4))
-    ctrl.track("r", "reasoning")
-    chosen = [synthetic_step(ctrl, rng, accepted, per_draft_s) for _ in range(1000)]
+    r = request("r")
+    ctrl.track(r)
+    chosen = [synthetic_step(ctrl, r, rng, accepted, per_draft_s) for _ in range(1000)]
     settled = [d for d in chosen[SETTLE_STEPS:] if d >= 0]  # random steps are random by design
     assert len(settled) > 700 and set(settled) == {best}, (accepted, per_draft_s, set(settled))
 
@@ -178,16 +188,16 @@ def test_phase_change_restarts_from_the_new_phase_and_settles_at_once() -> None:
     for phase, accept in (("reasoning", 0.4), ("answer", 0.9)):
         for _ in range(400):
             run = next((j for j in range(K) if rng.random() >= accept), K)
-            ctrl.observe("other", Resolved(K, K, run, K, phase))
-    ctrl.track("r", "reasoning")
-    assert ctrl.plan([Planned("r", "reasoning", K, True)]).depths["r"] == 0
-    ctrl.track("r", "answer")
-    assert ctrl.plan([Planned("r", "answer", K, True)]).depths["r"] == 1
+            ctrl.observe(request("other", phase), Resolved(K, K, run, K, phase))  # never planned: phase only
+    r = request("r")
+    assert ctrl.plan([r]).depths["r"] == 0
+    r.phase = "answer"  # what the front end's phase change sets
+    assert ctrl.plan([r]).depths["r"] == 1
 
 
 def test_a_batch_size_without_its_own_cost_slope_explores_more() -> None:
     ctrl = DepthController(K, ControllerSettings(seed=9, warmup_steps=0))
-    batch = [Planned(f"r{i}", "reasoning", K, True) for i in range(4)]
+    batch = [request(f"r{i}") for i in range(4)]
     cold = sum(ctrl.plan(batch).explore for _ in range(400)) / 400
     for z in (0, 4, 8, 12) * 10:  # batch 4 learns its slope
         ctrl.cost.observe(4, z, 0.1 + 0.005 * z, float(z))
@@ -246,19 +256,22 @@ def test_the_slope_comes_with_a_standard_error_that_matches_its_scatter() -> Non
     assert borrowed.estimate(1).per_draft_se_s == float("inf"), "a borrowed slope is not this size's own"  # type: ignore[union-attr]
 
 
-def sparse_batch_step(ctrl: DepthController, rng: random.Random, known: bool, share_proposing: float = 0.11) -> None:
+def sparse_batch_step(
+    ctrl: DepthController, batch: list[RequestLedger], rng: random.Random, known: bool, share_proposing: float = 0.11
+) -> None:
     """One step of 16 reasoning requests of which ~11% have drafts (ngram while reasoning here),
     40 ms + 3 ms per verified draft + 4 ms of noise."""
-    proposals = {f"r{i}": K if rng.random() < share_proposing else 0 for i in range(16)}
-    batch = [Planned(rid, "reasoning", K, True, n if known else None) for rid, n in proposals.items()]
+    proposals = [K if rng.random() < share_proposing else 0 for _ in batch]
+    for r, n in zip(batch, proposals, strict=True):
+        r.proposed = n if known else None
     plan = ctrl.plan(batch)
     drafts = 0
-    for rid, n in proposals.items():
-        verified = min(plan.depths[rid], n)
+    for r, n in zip(batch, proposals, strict=True):
+        verified = min(plan.depths[r.engine_id], n)
         drafts += verified
         if n:
             run = next((j for j in range(n) if rng.random() >= 0.4), n)
-            ctrl.observe(rid, Resolved(K, n, run, verified, "reasoning"))
+            ctrl.observe(r, Resolved(K, n, run, verified, "reasoning"))
     ctrl.step_done(16, drafts, 0.040 + 0.003 * drafts + rng.gauss(0, 0.004), plan)
 
 
@@ -273,8 +286,9 @@ def test_known_proposals_make_random_steps_informative_at_large_batches() -> Non
         for seed in range(12):
             rng = random.Random(seed)
             ctrl = DepthController(K, ControllerSettings(seed=seed))
+            batch = [request(f"r{i}") for i in range(16)]
             for _ in range(1500):
-                sparse_batch_step(ctrl, rng, known)
+                sparse_batch_step(ctrl, batch, rng, known)
             est = ctrl.cost.estimate(16)
             assert est is not None
             out.append(abs(est.per_draft_s - 0.003))
@@ -287,8 +301,8 @@ def test_known_proposals_make_random_steps_informative_at_large_batches() -> Non
 
 def test_a_random_step_waits_for_a_step_with_drafts() -> None:
     ctrl = DepthController(K, ControllerSettings(seed=1, warmup_steps=3))
-    empty = [Planned(f"r{i}", "reasoning", K, True, 0) for i in range(4)]
-    some = [Planned("r0", "reasoning", K, True, 2), *empty[1:]]
+    empty = [request(f"r{i}", proposed=0) for i in range(4)]
+    some = [request("r0", proposed=2), *empty[1:]]
     assert not any(ctrl.plan(empty).explore for _ in range(50)), "nothing to learn from: no random step"
     assert ctrl.explored_steps == 0
     plan = ctrl.plan(some)
@@ -302,8 +316,9 @@ def test_exploration_settles_once_the_slope_is_known() -> None:
     rng = random.Random(2)
     ctrl = DepthController(K, ControllerSettings(seed=3))
     assert ctrl._explore_share(1, ctrl.cost.estimate(1)) == ControllerSettings().cold_explore_share
+    r = request("r")
     for _ in range(3000):
-        synthetic_step(ctrl, rng, chain(0.4), 0.048)
+        synthetic_step(ctrl, r, rng, chain(0.4), 0.048)
     assert ctrl._explore_share(1, ctrl.cost.estimate(1)) == ControllerSettings().settled_explore_share
     noisy = DepthController(K, ControllerSettings(seed=3))
     for z in (0, 1, 2, 3) * 6:  # 24 random steps, 20 ms of noise on a 55 ms step
@@ -344,18 +359,19 @@ def test_on_the_offload_shape_with_sparse_drafts_few_steps_pay_for_learning() ->
     rng = random.Random(1)
     ctrl = DepthController(K, ControllerSettings(seed=2))
     verified_steps = 0
+    r = request("r")
     for step in range(3000):
-        proposed = K if rng.random() < 0.3 else 0
-        plan = ctrl.plan([Planned("r", "reasoning", K, True, proposed)])
+        proposed = r.proposed = K if rng.random() < 0.3 else 0
+        plan = ctrl.plan([r])
         verified = min(plan.depths["r"], proposed)
         verified_steps += step >= 500 and verified > 0
         if proposed:
             run = next((j for j in range(K) if rng.random() >= 0.45), K)
-            ctrl.observe("r", Resolved(K, proposed, run, verified, "reasoning"))
+            ctrl.observe(r, Resolved(K, proposed, run, verified, "reasoning"))
         ctrl.step_done(1, verified, 2 * (0.007 + 0.048 * (1 + verified)), plan)
     assert ctrl.cost.estimate(1).per_draft_s == pytest.approx(0.096)  # type: ignore[union-attr]
     assert verified_steps / 2500 < 0.01, verified_steps
-    assert ctrl.requests["r"].depth == 0
+    assert r.chosen == 0
 
 
 def _streak_steps(settings: ControllerSettings) -> tuple[int, DepthController]:
@@ -367,14 +383,13 @@ def _streak_steps(settings: ControllerSettings) -> tuple[int, DepthController]:
         ctrl.cost.observe(1, z, 2 * (0.007 + 0.048 * (1 + z)), float(z))
     deep = 0
     for n in range(120):
-        rid = f"r{n}"
-        ctrl.track(rid, "reasoning")
+        r = request(f"r{n}", proposed=K)
+        ctrl.track(r)
         for _ in range(30):
-            depth = ctrl.plan([Planned(rid, "reasoning", K, True, K)]).depths[rid]
+            depth = ctrl.plan([r]).depths[r.engine_id]
             deep += n >= 20 and depth > 0
             run = next((j for j in range(K) if rng.random() >= 0.75), K)
-            ctrl.observe(rid, Resolved(K, K, run, depth, "reasoning"))
-        ctrl.forget(rid)
+            ctrl.observe(r, Resolved(K, K, run, depth, "reasoning"))
     return deep, ctrl
 
 

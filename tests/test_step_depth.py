@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from engine.controller import ControllerSettings, DepthController, Planned
+from engine.controller import ControllerSettings, DepthController
+from engine.spec_stats import RequestLedger
 from engine.step_depth import StepDepthChooser, StepWindow
 
 K = 3
@@ -159,9 +160,15 @@ def test_a_window_that_leaves_its_bucket_or_is_cut_short_is_not_kept() -> None:
     assert chooser.times[4].estimates()[second.depth] == pytest.approx(0.02), "3 timed steps are kept"
 
 
+def request(rid: str, phase: str, depth: int, adaptive: bool) -> RequestLedger:
+    ledger = RequestLedger(rid, depth, phase, K, engine_id=rid)
+    ledger.set_mode(depth, adaptive)
+    return ledger
+
+
 def test_the_controller_applies_one_depth_capped_per_request() -> None:
     ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=3))
-    batch = [Planned("a", "reasoning", K, True), Planned("b", "answer", 1, True), Planned("c", "answer", 2, False)]
+    batch = [request("a", "reasoning", K, True), request("b", "answer", 1, True), request("c", "answer", 2, False)]
     clock = 1.0
     seen = set()
     for _ in range((K + 1) * ctrl.step_chooser.window_steps):
