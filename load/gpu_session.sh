@@ -49,7 +49,7 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA \
       "tests/test_api.py::test_the_thinking_budget_holds_under_sampling" ;;
-  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags, no budget
+  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags, no budget; ~6 min a round on the H200
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_serve_overhead --concurrency 1,16 --rounds 3 \
       --servers vllm,phasespec-off,phasespec-on --out "$RES/$s" ;;
