@@ -37,7 +37,7 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from engine.acceptance import Resolved, ShadowBook
+from engine.acceptance import Resolved
 from engine.compat import drafter_takes_lower_k, lowers_batch_k
 from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold
 from engine.emulation import PadCounter, StepEmulation
@@ -191,9 +191,10 @@ class DepthScheduler(Scheduler):
             return None
         plan = self.controller.plan(batch)
         per_draft_ms = self.controller.per_draft_ms(len(batch)) if not plan.explore else None
-        for engine_id, depth in plan.depths.items():
-            ledger = self.spec_ledger.get(engine_id)
-            assert ledger is not None
+        for ledger in batch:
+            depth = plan.depths.get(ledger.engine_id)
+            if depth is None:
+                continue  # not adaptive this step
             if plan.explore:
                 ledger.explored_steps += 1
                 ledger.depth = depth
@@ -216,8 +217,6 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(engine_id)
             request = self.requests[engine_id]
             assert ledger is not None
-            if ledger.book is None:
-                ledger.book = ShadowBook()
             ledger.book.propose(request.num_output_tokens, drafts, limit, verified, ledger.phase)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput) -> Any:
@@ -240,7 +239,7 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(engine_id)
             if request is None or ledger is None or scheduled[engine_id] != 1 + len(spec.get(engine_id, ())):
                 continue  # finished in this step (its last proposal stays undecided), or a prefill
-            for resolved in ledger.book.feed(request.output_token_ids) if ledger.book is not None else ():
+            for resolved in ledger.book.feed(request.output_token_ids):
                 self.controller.observe(ledger, resolved)
             new_tokens = request.num_output_tokens - ledger.tokens_seen
             ledger.tokens_seen = request.num_output_tokens
@@ -295,9 +294,9 @@ class DepthScheduler(Scheduler):
             drafted = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
             self.spec_ledger.observe(request_id, self.current_step, drafted, num_accepted_tokens)
             ledger = self.spec_ledger.get(request_id)
-            if ledger is not None and ledger.book is not None:
+            if ledger is not None and self._shadow:
                 ledger.book.verified(num_accepted_tokens)
-            elif not self._shadow and ledger is not None:
+            elif ledger is not None:
                 # No drafts to match: the verified positions are all there is.
                 seen = Resolved(drafted, drafted, num_accepted_tokens, drafted, ledger.phase)
                 self.controller.observe(ledger, seen)

@@ -112,8 +112,8 @@ class RequestLedger:
     tokens_seen: int = 0
     trace: list[tuple[int, int, int, str]] | None = None
     """(engine step, drafted, accepted, phase) per verify step, when asked for."""
-    book: ShadowBook | None = None
-    """Its proposals waiting for the tokens that decide them (sync scheduling: shadow drafts)."""
+    book: ShadowBook = field(default_factory=ShadowBook)
+    """Its proposals waiting for the tokens that decide them (shadow drafts: sync scheduling only)."""
     engine_id: str = ""
     """vLLM's id for it in the engine core (a member of ``group``)."""
     proposed: int | None = None

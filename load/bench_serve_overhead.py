@@ -55,36 +55,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def client_argv(base_url: str, model_dir: Path, concurrency: int, cfg: argparse.Namespace) -> list[str]:
+    """``vllm bench serve``'s flags for one run (a thinking budget only when asked for)."""
+    from engine.default_model import MODEL_NAME
+
+    budget = ["--extra-body", json.dumps({"thinking_token_budget": cfg.thinking_budget})]
+    return [
+        "--backend", "openai-chat",
+        "--base-url", base_url,
+        "--endpoint", "/v1/chat/completions",
+        "--model", MODEL_NAME,
+        "--tokenizer", str(model_dir),
+        "--dataset-name", "random",
+        "--random-input-len", str(cfg.input_len),
+        "--random-output-len", str(cfg.output_len),
+        "--num-prompts", str(cfg.prompts_per_slot * concurrency),
+        "--max-concurrency", str(concurrency),
+        "--ignore-eos",
+        "--temperature", "0",
+        "--num-warmups", "2",
+        "--disable-tqdm",
+        *(budget if cfg.thinking_budget is not None else []),
+    ]  # fmt: skip
+
+
 def bench_serve(base_url: str, model_dir: Path, concurrency: int, cfg: argparse.Namespace) -> dict[str, Any]:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as serve_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from engine.default_model import MODEL_NAME
-
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args(
-        [
-            "--backend", "openai-chat",
-            "--base-url", base_url,
-            "--endpoint", "/v1/chat/completions",
-            "--model", MODEL_NAME,
-            "--tokenizer", str(model_dir),
-            "--dataset-name", "random",
-            "--random-input-len", str(cfg.input_len),
-            "--random-output-len", str(cfg.output_len),
-            "--num-prompts", str(cfg.prompts_per_slot * concurrency),
-            "--max-concurrency", str(concurrency),
-            "--ignore-eos",
-            "--temperature", "0",
-            "--num-warmups", "2",
-            "--disable-tqdm",
-            *(["--extra-body", json.dumps({"thinking_token_budget": cfg.thinking_budget})]
-              if cfg.thinking_budget is not None else []),
-        ]
-    )  # fmt: skip
-    return serve_main(args)
+    return serve_main(parser.parse_args(client_argv(base_url, model_dir, concurrency, cfg)))
 
 
 def main(argv: list[str] | None = None) -> None:
