@@ -225,6 +225,7 @@ class DepthScheduler(Scheduler):
         spec = scheduler_output.scheduled_spec_decode_tokens
         scheduled = scheduler_output.num_scheduled_tokens
         decode_only = bool(scheduled) and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
+        elapsed = None
         if decode_only and started is not None:
             elapsed = self._step_seconds(started, scheduler_output.total_num_scheduled_tokens)
             if elapsed is not None:
@@ -246,7 +247,9 @@ class DepthScheduler(Scheduler):
             self.controller.count(ledger.phase, ledger.verified_depth, new_tokens)
         now = time.perf_counter()
         if decode_only and plan is not None:
-            self.controller.decode_step_timed(plan, len(scheduled), self._last_update, now)
+            # A step the worker did not go straight into (elapsed None) counts but is not timed.
+            previous = self._last_update if elapsed is not None else 0.0
+            self.controller.decode_step_timed(plan, len(scheduled), previous, now)
         self._last_update = now
         self.own_time.add(time.perf_counter() - own_started - base_s, step_done=True)
         return result

@@ -15,15 +15,16 @@ expected tokens per second, every adaptive request verifying min(cap, D):
     rate(D) = sum_i (1 + E_i(min(cap_i, D))) / T(D)
 
 E_i is the request's expected accepted drafts (the controller's estimates). A
-depth not yet timed at this batch size is tried first. T(D) is the median over
-the depth's last 8 windows at this batch size of each window's mean step time
-(from the update before its first step to its last update, over its steps). A
+depth not yet timed at this batch size is tried first. T(D) is the lower median
+over the depth's last 8 windows at this batch size of each window's mean step
+time (from the update before its first step to its last update, over its steps
+that the worker went straight into: an idle gap before a step is not its cost). A
 window's mean, not each step's own time: under async scheduling the engine
 core's updates can arrive in bunches (a delayed one, then its successor at
 once), which moves time between neighbouring steps but not out of a window
 (per-step times read 0.6 ms for a batch-1 step that takes over 10 ms on the
-H200: docs/gpu.md). The median over windows keeps one slow window (a pause,
-prefills next door) from pricing a depth out.
+H200: docs/gpu.md). The lower median over windows keeps one slow window (a
+pause, prefills next door) from pricing a depth out, even when it is one of two.
 
 Only windows that follow a window of the same depth time T(D) ("steady"); a
 window that switched depth is timed apart, and what it cost beyond T(D) is the
@@ -49,6 +50,19 @@ from typing import Any
 from engine.cost_model import bucket_of
 
 
+def typical(window_means: Sequence[float]) -> float:
+    """A depth's step time from its windows' means: their lower median.
+
+    Not the median: of two windows it is their mean, so one stalled window
+    prices a rarely-run depth out until it is explored again, 60 windows later
+    (on the H200 depth 1 read 31.2 ms at batch 9-16 against 11.1 ms in static
+    cells, from windows not kept then). The lower median of two is the faster
+    one; of eight, the fourth fastest. Window means are noisy upward (stalls,
+    prefills next door) far more than downward, so erring low only makes the
+    chooser re-check a depth sooner."""
+    return statistics.median_low(window_means)
+
+
 @dataclass(slots=True)
 class StepWindow:
     """Consecutive steps run at one depth."""
@@ -64,6 +78,8 @@ class StepWindow:
     seconds: float = 0.0
     """Summed time of its timed steps."""
     timed: int = 0
+    longest: float = 0.0
+    """Its slowest timed step: tells one stall from a uniformly slow window."""
     closed: bool = False
 
 
@@ -92,9 +108,9 @@ class BucketTimes:
         )
 
     def estimates(self) -> list[float | None]:
-        """Median step seconds per depth (None: not timed yet)."""
+        """Step seconds per depth (None: not timed yet)."""
         return [
-            statistics.median(steady or switched) if steady or switched else None
+            typical(steady or switched) if steady or switched else None
             for steady, switched in zip(self.steady, self.after_switch, strict=True)
         ]
 
@@ -112,7 +128,7 @@ class StepDepthChooser:
     async scheduling a step is scheduled while the one before it runs, so only consecutive
     updates time it)."""
     memory: int = 8
-    """Window means kept per depth and bucket; their median is the depth's step time."""
+    """Window means kept per depth and bucket; their lower median is the depth's step time."""
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
     times: dict[int, BucketTimes] = field(default_factory=dict)
@@ -122,9 +138,9 @@ class StepDepthChooser:
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
-    history: deque[tuple[int, int, bool, int, float]] = field(default_factory=lambda: deque(maxlen=256))
-    """The last closed windows as (bucket, depth, switched, timed steps, mean step seconds): what
-    the estimates were made from (``/phasespec/state``)."""
+    history: deque[tuple[int, int, bool, int, float, float]] = field(default_factory=lambda: deque(maxlen=256))
+    """The last closed windows as (bucket, depth, switched, timed steps, mean step seconds, slowest
+    step seconds): what the estimates were made from (``/phasespec/state``)."""
 
     def choose(
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
@@ -181,6 +197,7 @@ class StepDepthChooser:
         if previous_update > 0 and bucket_of(batch) == window.bucket:
             window.seconds += now - previous_update
             window.timed += 1
+            window.longest = max(window.longest, now - previous_update)
         if window.finished >= self.window_steps:
             self.close(window)
 
@@ -194,13 +211,13 @@ class StepDepthChooser:
             return
         table = self.bucket(window.bucket)
         mean = window.seconds / window.timed
-        self.history.append((window.bucket, window.depth, window.switched, window.timed, mean))
+        self.history.append((window.bucket, window.depth, window.switched, window.timed, mean, window.longest))
         if not window.switched:
             table.steady[window.depth].append(mean)
             return
         steady = table.steady[window.depth]
         if steady:
-            table.switch_s.append(window.seconds - statistics.median(steady) * window.timed)
+            table.switch_s.append(window.seconds - typical(steady) * window.timed)
         table.after_switch[window.depth].append(mean)
 
     def bucket(self, bucket: int) -> BucketTimes:
@@ -220,8 +237,8 @@ class StepDepthChooser:
         }
 
     def windows_snapshot(self) -> list[list[Any]]:
-        """The last closed windows: [bucket, depth, switched, timed steps, mean step ms]."""
-        return [[b, d, s, n, round(t * 1e3, 3)] for b, d, s, n, t in self.history]
+        """The last closed windows: [bucket, depth, switched, timed steps, mean step ms, slowest step ms]."""
+        return [[b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3)] for b, d, s, n, t, top in self.history]
 
     def switch_snapshot(self) -> dict[str, float]:
         """Per bucket, the measured extra ms a window pays for switching depth."""

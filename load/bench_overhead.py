@@ -67,6 +67,26 @@ def rotated_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[
                 server.stop()
 
 
+def side_by_side_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[int, str, ServerProcess]]:
+    """Every named server started once (one after another: engines profile memory at start) and kept
+    up; each round visits them in rotated order. Saves a start per server and round (80-140 s on
+    the H200), and no server is the one started first in some rounds only."""
+    flags_of = servers()
+    started: dict[str, ServerProcess] = {}
+    try:
+        for name in names:
+            flags, is_vllm = flags_of[name]
+            started[name] = ServerProcess(*flags, log_path=out / f"{name}.log", vllm_server=is_vllm)
+            started[name].start()
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                yield round_, name, started[name]
+    finally:
+        for server in started.values():
+            server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv)
     out = cfg.out or ROOT / "load" / "results" / time.strftime("overhead-%Y%m%d-%H%M%S")

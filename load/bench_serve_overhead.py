@@ -14,7 +14,8 @@ phase switching off (every request at K, as in vLLM) and, with ``--servers
 vllm,phasespec-off,phasespec-on``, with it on; all on the embedded default with
 the same engine flags (the drafter and ``PHASESPEC_VLLM_ARGS`` included:
 ``engine.args.engine_argv``). Each round starts each server in turn (rotated
-order) and runs every concurrency against it. Reports mean TPOT and output
+order) and runs every concurrency against it (``--side-by-side``: all servers
+start once and stay up, rounds rotate the order). Reports mean TPOT and output
 throughput per server, the ratio phasespec / vLLM per round, and vLLM's own
 spread between rounds (the noise a difference must beat).
 """
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from load.bench_overhead import rotated_servers
+from load.bench_overhead import rotated_servers, side_by_side_servers
 from load.server import ROOT
 
 COMPARED = ("vllm", "phasespec-off")
@@ -51,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "near it (its thinking-budget guard) and plain vLLM does not, so the two do different work",
     )
     parser.add_argument("--servers", default=",".join(COMPARED), help="vllm first, then phasespec-off/-on")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="start every server once and keep them up (rounds rotate the order) instead of starting "
+        "each server in each round: a start per server and round less (GPU memory for all at once)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
 
@@ -104,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     names = cfg.servers.split(",")
     assert names[0] == "vllm", "the ratios are against plain vLLM"
     runs: list[dict[str, Any]] = []
-    for round_, name, server in rotated_servers(names, cfg.rounds, out):
+    visits = side_by_side_servers if cfg.side_by_side else rotated_servers
+    for round_, name, server in visits(names, cfg.rounds, out):
         for conc in concurrencies:
             result = bench_serve(server.base_url, model_dir, conc, cfg)
             runs.append(

@@ -7,7 +7,7 @@
 #   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS=tests-selfdraft-async bash load/gpu_session.sh
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-serve tests-selfdraft-async bench-selfdraft-fdo bench-selfdraft-async"}
+STEPS=${STEPS:-"bench-serve bench-selfdraft-async bench-selfdraft-fdo"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -49,9 +49,10 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA \
       "tests/test_api.py::test_the_thinking_budget_holds_under_sampling" ;;
-  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags, no budget; ~6 min a round on the H200
+  bench-serve)  # plain vLLM against phasespec (off, on) with vLLM's bench client, same engine flags, no budget;
+    # the three servers up side by side (0.3 of the GPU each), rounds rotating the order
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_serve_overhead --concurrency 1,16 --rounds 3 \
+      step "$s" python3 -m load.bench_serve_overhead --concurrency 1,16 --rounds 3 --side-by-side \
       --servers vllm,phasespec-off,phasespec-on --out "$RES/$s" ;;
   tests-ngramgpu-fdo)
     PHASESPEC_VLLM_ARGS="[$GPU, $NGRAM_GPU, $FDO]" \

@@ -217,7 +217,7 @@ def test_a_passed_over_depth_is_run_again_after_k_over_explore_share_windows() -
 
 
 def test_closed_windows_are_kept_for_the_state_endpoint() -> None:
-    """What the estimates were made from, window by window (bucket, depth, switched, steps, mean ms)."""
+    """What the estimates were made from, window by window (bucket, depth, switched, steps, mean ms, slowest ms)."""
     chooser = StepDepthChooser(K, random.Random(1))
     clock = [1.0]
     depths = [run_window(chooser, 4, WEAK, clock, 20.0 + 5 * k) for k in range(K + 1)]
@@ -226,3 +226,25 @@ def test_closed_windows_are_kept_for_the_state_endpoint() -> None:
     assert [row[2] for row in history] == [True] * (K + 1), "every depth was new, so every window switched"
     assert [row[4] for row in history] == pytest.approx([20.0, 25.0, 30.0, 35.0])
     assert {row[0] for row in history} == {2}  # batch 4: bucket 2
+
+
+def test_one_stalled_window_of_two_does_not_price_a_rarely_run_depth_out() -> None:
+    """Two windows' median is their mean: one stall would have doubled the depth's time."""
+    chooser = timed([20, 21, 22, 23])
+    chooser.observe(4, 1, 0.060)  # depth 1's second window met a stall
+    assert chooser.times[4].estimates()[1] == pytest.approx(0.021)
+    assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 1
+
+
+def test_a_step_the_worker_did_not_go_straight_into_is_counted_but_not_timed() -> None:
+    """The hook passes no previous update for such a step (an idle gap is not the depth's cost)."""
+    chooser = StepDepthChooser(K, random.Random(1))
+    window = chooser.choose(4, [WEAK] * 4, [K] * 4, explore_share=0.0)
+    clock = 1.0
+    for step in range(chooser.window_steps):
+        gap = step == 3
+        chooser.step_finished(window, 4, 0.0 if gap else clock, clock + (0.5 if gap else 0.02))
+        clock += 0.5 if gap else 0.02
+    assert window.closed and window.finished == chooser.window_steps and window.timed == chooser.window_steps - 1
+    assert chooser.times[2].estimates()[window.depth] == pytest.approx(0.020)
+    assert chooser.windows_snapshot()[-1][4:] == pytest.approx([20.0, 20.0])
