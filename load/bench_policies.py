@@ -248,8 +248,28 @@ async def main_async(cfg: argparse.Namespace) -> Path:
                 cells.append(cell)
                 steps.extend(cell_steps)
                 log(f"rep {rep} c={conc:<3} {policy.name:<9} {cell.tok_s:7.1f} tok/s {cell.chosen or ''}")
+            write_tables(out, cells, steps, await engine.controller_state())
         state = await engine.controller_state()
         emulation = state.get("emulation")
+    rows, curve = write_tables(out, cells, steps, state)
+    (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2, default=str))
+    write_chart(out / "policies.png", rows, curve)
+    if emulation:
+        log(f"EMULATED step cost {emulation['step_ms']} ms: {emulation['overrun_share']:.2%} of steps overran it")
+    print_summary(rows)
+    if cfg.workload != "copy":
+        print_kinds(cells)
+    if any(p.adaptive for p in policies):
+        print("\n".join(adaptive_targets(read_cells([out]))))
+    log(f"wrote {out}")
+    return out
+
+
+def write_tables(
+    out: Path, cells: list[Cell], steps: list[list[Any]], state: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cells so far, their steps and decisions, and the controller's state (after every
+    repetition's concurrency as well as at the end: a machine lost mid-run keeps what ran)."""
     rows = summarize(cells)
     curve = cost_curve([(s[0], s[1], s[2], s[3], s[4]) for s in steps])
     write_csv(out / "policies.csv", rows)
@@ -275,22 +295,12 @@ async def main_async(cfg: argparse.Namespace) -> Path:
             for c in cells
         ],
     )
-    write_chart(out / "policies.png", rows, curve)
     with (out / "decisions.jsonl").open("w") as f:  # what each adaptive request decided, and why
         for c in cells:
             for entry in c.decisions:
                 f.write(json.dumps({"concurrency": c.concurrency, "rep": c.rep, **entry}) + "\n")
-    (out / "config.json").write_text(json.dumps({**vars(cfg), "out": str(out), "max_depth": k}, indent=2, default=str))
     (out / "controller.json").write_text(json.dumps(state, indent=2))
-    if emulation:
-        log(f"EMULATED step cost {emulation['step_ms']} ms: {emulation['overrun_share']:.2%} of steps overran it")
-    print_summary(rows)
-    if cfg.workload != "copy":
-        print_kinds(cells)
-    if any(p.adaptive for p in policies):
-        print("\n".join(adaptive_targets(read_cells([out]))))
-    log(f"wrote {out}")
-    return out
+    return rows, curve
 
 
 SUMMARY_COLUMNS = [
