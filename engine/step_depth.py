@@ -15,10 +15,11 @@ expected tokens per second, every adaptive request verifying min(cap, D):
     rate(D) = sum_i (1 + E_i(min(cap_i, D))) / T(D)
 
 E_i is the request's expected accepted drafts (the controller's estimates). A
-depth not yet timed at this batch size is tried first. T(D) is the lower median
-over the depth's last 8 windows at this batch size of each window's mean step
-time (from the update before its first step to its last update, over its steps
-that the worker went straight into: an idle gap before a step is not its cost). A
+depth not yet timed at this batch size is tried first, for two windows. T(D) is
+the lower median over the depth's last 8 windows at this batch size of each
+window's mean step time (each step from the update before it to its own, over
+the steps the worker went straight into: an idle gap before a step is not its
+cost; a step over 4x the window's median step is a stall, left out). A
 window's mean, not each step's own time: under async scheduling the engine
 core's updates can arrive in bunches (a delayed one, then its successor at
 once), which moves time between neighbouring steps but not out of a window
@@ -34,7 +35,9 @@ cost in its time (its after-switch time stands in until a steady one exists),
 and would be passed over for good: a depth the choice passes over is explored
 again once it has not run for K / ``explore_share`` windows of this bucket, for
 two windows, the second one steady. On the H200 the depths the chooser rarely
-ran read 43-75% above what static cells measured (docs/gpu.md).
+ran read 43-75% above what static cells measured, and a depth's first window at
+a batch size held one step of 96-149 ms (docs/gpu.md): hence two windows for a
+new depth, the stall rule and the lower median.
 """
 
 from __future__ import annotations
@@ -75,12 +78,16 @@ class StepWindow:
     switched: bool = True
     """Its depth differs from the window before it (or none came before)."""
     finished: int = 0
-    seconds: float = 0.0
-    """Summed time of its timed steps."""
-    timed: int = 0
-    longest: float = 0.0
-    """Its slowest timed step: tells one stall from a uniformly slow window."""
+    steps_s: list[float] = field(default_factory=list)
+    """Its timed steps' times."""
     closed: bool = False
+
+    def mean_and_slowest(self, stall_factor: float) -> tuple[float, float, int]:
+        """Mean step time without stalls (steps over ``stall_factor`` x the window's median step),
+        the slowest step, and the number of steps the mean is over."""
+        limit = stall_factor * statistics.median(self.steps_s)
+        kept = [t for t in self.steps_s if t <= limit]
+        return sum(kept) / len(kept), max(self.steps_s), len(kept)
 
 
 @dataclass(slots=True)
@@ -131,6 +138,9 @@ class StepDepthChooser:
     """Window means kept per depth and bucket; their lower median is the depth's step time."""
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
+    stall_factor: float = 4.0
+    """A step over this many times its window's median step is a stall (a first use of a
+    shape, a pause), not the depth's cost: left out of the window's mean."""
     times: dict[int, BucketTimes] = field(default_factory=dict)
     """Bucket of batch sizes -> its step times."""
     current: StepWindow | None = None
@@ -139,8 +149,8 @@ class StepDepthChooser:
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
     history: deque[tuple[int, int, bool, int, float, float]] = field(default_factory=lambda: deque(maxlen=256))
-    """The last closed windows as (bucket, depth, switched, timed steps, mean step seconds, slowest
-    step seconds): what the estimates were made from (``/phasespec/state``)."""
+    """The last closed windows as (bucket, depth, switched, steps in the mean, mean step seconds,
+    slowest step seconds): what the estimates were made from (``/phasespec/state``)."""
 
     def choose(
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
@@ -160,7 +170,9 @@ class StepDepthChooser:
         if self.repeat is not None:
             depth, self.repeat = self.repeat, None
         elif untimed:
-            depth = self.rng.choice(untimed)
+            # Two windows, the second timed steady: a depth's first steps at a batch size
+            # pay one-time costs (H200: single steps of 96-149 ms against ~12).
+            depth = self.repeat = self.rng.choice(untimed)
         elif explore_share > 0 and table.windows - table.last_window[stalest] > self.max_depth / explore_share:
             depth = self.repeat = stalest
         else:
@@ -195,9 +207,7 @@ class StepDepthChooser:
             self.timing = window
         window.finished += 1
         if previous_update > 0 and bucket_of(batch) == window.bucket:
-            window.seconds += now - previous_update
-            window.timed += 1
-            window.longest = max(window.longest, now - previous_update)
+            window.steps_s.append(now - previous_update)
         if window.finished >= self.window_steps:
             self.close(window)
 
@@ -207,17 +217,17 @@ class StepDepthChooser:
         if window is None or window.closed:
             return
         window.closed = True
-        if window.timed < self.min_timed:
+        if len(window.steps_s) < self.min_timed:
             return
         table = self.bucket(window.bucket)
-        mean = window.seconds / window.timed
-        self.history.append((window.bucket, window.depth, window.switched, window.timed, mean, window.longest))
+        mean, slowest, kept = window.mean_and_slowest(self.stall_factor)
+        self.history.append((window.bucket, window.depth, window.switched, kept, mean, slowest))
         if not window.switched:
             table.steady[window.depth].append(mean)
             return
         steady = table.steady[window.depth]
         if steady:
-            table.switch_s.append(window.seconds - typical(steady) * window.timed)
+            table.switch_s.append((mean - typical(steady)) * kept)
         table.after_switch[window.depth].append(mean)
 
     def bucket(self, bucket: int) -> BucketTimes:
@@ -237,7 +247,7 @@ class StepDepthChooser:
         }
 
     def windows_snapshot(self) -> list[list[Any]]:
-        """The last closed windows: [bucket, depth, switched, timed steps, mean step ms, slowest step ms]."""
+        """The last closed windows: [bucket, depth, switched, steps in the mean, mean step ms, slowest step ms]."""
         return [[b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3)] for b, d, s, n, t, top in self.history]
 
     def switch_snapshot(self) -> dict[str, float]:
