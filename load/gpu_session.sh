@@ -4,7 +4,9 @@
 #   RES=~/gpu_results setsid nohup bash load/gpu_session.sh > ~/gpu_results/session.log 2>&1 &
 # STEPS picks a subset (default: what the last session left unrun, in order of importance).
 # Another vLLM (a second bundle assembled under ~/parts023): the same steps with
-#   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS=tests-selfdraft-async bash load/gpu_session.sh
+#   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS="probe-structured tests-selfdraft-async" bash load/gpu_session.sh
+# Polling: issue the next device call as soon as one returns (a machine idle 30 s is handed back,
+# and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
 STEPS=${STEPS:-"bench-serve bench-selfdraft-async bench-selfdraft-fdo"}
@@ -54,6 +56,9 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_serve_overhead --concurrency 1,16 --rounds 3 --side-by-side \
       --servers vllm,phasespec-off,phasespec-on --out "$RES/$s" ;;
+  probe-structured)  # plain vLLM, K=1 and 3: is a named tool call's greedy text K-dependent? (phasespec's was on 0.23.0)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.structured_probe --k 1,3 --out "$RES/$s" ;;
   tests-ngramgpu-fdo)
     PHASESPEC_VLLM_ARGS="[$GPU, $NGRAM_GPU, $FDO]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA tests/test_depth_hook.py ;;

@@ -1,0 +1,79 @@
+"""Plain vLLM, no phasespec: does a named tool call's greedy text depend on K?
+
+    PHASESPEC_ENGINE__DRAFTER=self-draft python3 -m load.structured_probe --k 1,3 --out DIR
+
+On vLLM 0.23.0 (H200, self-draft, async scheduling) phasespec's named-tool-call test gave
+different arguments at its default depths and at K (docs/gpu.md, sixth session). This starts
+vLLM's own server on the same engine flags (``engine.args.engine_argv``) once per K, sends the
+test's request (``tests/test_api.py``: a named ``tool_choice``, vLLM's structured output, with
+the thinking budget phasespec gives the embedded model) and reports whether the calls match:
+if they differ here too, the dependence on K is vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from load.server import ServerProcess
+
+SPEC_FLAG = "--speculative-config"
+
+
+def flags_with_k(argv: list[str], k: int) -> list[str]:
+    """The engine flags with the speculative config's number of draft tokens set to ``k``."""
+    at = argv.index(SPEC_FLAG) + 1
+    spec = {**json.loads(argv[at]), "num_speculative_tokens": k}
+    return [*argv[:at], json.dumps(spec), *argv[at + 1 :]]
+
+
+def request_body(model: str) -> dict[str, Any]:
+    from engine.args import EMBEDDED_THINKING_BUDGET
+    from tests.test_api import NAMED_CHOICE, PROMPT, WEATHER_TOOL
+
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 150,
+        "temperature": 0,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": NAMED_CHOICE,
+        "thinking_token_budget": EMBEDDED_THINKING_BUDGET,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", default="1,3", help="draft tokens per step, one server each")
+    parser.add_argument("--out", type=Path, default=Path("load/results/structured-probe"))
+    cfg = parser.parse_args(argv)
+    from config import Settings
+    from engine.args import apply_environment, engine_argv
+    from engine.default_model import MODEL_NAME
+
+    settings = Settings()  # type: ignore[call-arg]
+    apply_environment(settings)
+    base = engine_argv(settings)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    calls: dict[int, Any] = {}
+    for k in (int(k) for k in cfg.k.split(",")):
+        server = ServerProcess(*flags_with_k(base, k), log_path=cfg.out / f"vllm-k{k}.log", vllm_server=True)
+        server.start()
+        try:
+            reply = httpx.post(f"{server.base_url}/v1/chat/completions", json=request_body(MODEL_NAME), timeout=300)
+            message = reply.json()["choices"][0]["message"]
+            calls[k] = {"tool_calls": message.get("tool_calls"), "reasoning": message.get("reasoning")}
+        finally:
+            server.stop()
+        print(f"[probe] K={k}: {json.dumps(calls[k]['tool_calls'])}", flush=True)
+    same = len({json.dumps(c, sort_keys=True) for c in calls.values()}) == 1
+    (cfg.out / "calls.json").write_text(json.dumps({"same_at_every_k": same, "by_k": calls}, indent=2))
+    print(f"[probe] plain vLLM's named tool call is {'the same' if same else 'DIFFERENT'} at K = {cfg.k}")
+
+
+if __name__ == "__main__":
+    main()
