@@ -31,10 +31,16 @@ def flags_with_k(argv: list[str], k: int) -> list[str]:
     return [*argv[:at], json.dumps(spec), *argv[at + 1 :]]
 
 
-def request_body(model: str) -> dict[str, Any]:
-    from engine.args import EMBEDDED_THINKING_BUDGET
+def request_body(model: str, model_dir: Path) -> dict[str, Any]:
+    """The test's request as phasespec sends it on: its default budget for the embedded model and
+    the EOS hold through it (engine/llm.py ``apply_defaults``; the model never ends reasoning
+    itself, so without the hold it stops at once)."""
+    from transformers import AutoTokenizer
+
+    from engine.args import EMBEDDED_REASONING_END, EMBEDDED_THINKING_BUDGET
     from tests.test_api import NAMED_CHOICE, PROMPT, WEATHER_TOOL
 
+    end_len = len(AutoTokenizer.from_pretrained(model_dir).encode(EMBEDDED_REASONING_END, add_special_tokens=False))
     return {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -43,7 +49,14 @@ def request_body(model: str) -> dict[str, Any]:
         "tools": [WEATHER_TOOL],
         "tool_choice": NAMED_CHOICE,
         "thinking_token_budget": EMBEDDED_THINKING_BUDGET,
+        "min_tokens": EMBEDDED_THINKING_BUDGET + end_len + 1,
     }
+
+
+def generated(message: dict[str, Any]) -> dict[str, Any]:
+    """What the model wrote: reasoning, content and the calls' functions (their ids are random)."""
+    calls = [call["function"] for call in message.get("tool_calls") or []]
+    return {"reasoning": message.get("reasoning"), "content": message.get("content"), "calls": calls}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,24 +66,25 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parser.parse_args(argv)
     from config import Settings
     from engine.args import apply_environment, engine_argv
-    from engine.default_model import MODEL_NAME
+    from engine.default_model import MODEL_NAME, ensure_default_model
 
     settings = Settings()  # type: ignore[call-arg]
     apply_environment(settings)
     base = engine_argv(settings)
+    body = request_body(MODEL_NAME, ensure_default_model(settings.engine.cache_dir))
     cfg.out.mkdir(parents=True, exist_ok=True)
     calls: dict[int, Any] = {}
     for k in (int(k) for k in cfg.k.split(",")):
         server = ServerProcess(*flags_with_k(base, k), log_path=cfg.out / f"vllm-k{k}.log", vllm_server=True)
         server.start()
         try:
-            reply = httpx.post(f"{server.base_url}/v1/chat/completions", json=request_body(MODEL_NAME), timeout=300)
-            message = reply.json()["choices"][0]["message"]
-            calls[k] = {"tool_calls": message.get("tool_calls"), "reasoning": message.get("reasoning")}
+            reply = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=300)
+            reply.raise_for_status()
+            calls[k] = reply.json()["choices"][0]["message"]
         finally:
             server.stop()
-        print(f"[probe] K={k}: {json.dumps(calls[k]['tool_calls'])}", flush=True)
-    same = len({json.dumps(c, sort_keys=True) for c in calls.values()}) == 1
+        print(f"[probe] K={k}: {json.dumps(calls[k].get('tool_calls'))}", flush=True)
+    same = len({json.dumps(generated(message), sort_keys=True) for message in calls.values()}) == 1
     (cfg.out / "calls.json").write_text(json.dumps({"same_at_every_k": same, "by_k": calls}, indent=2))
     print(f"[probe] plain vLLM's named tool call is {'the same' if same else 'DIFFERENT'} at K = {cfg.k}")
 
