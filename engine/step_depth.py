@@ -19,7 +19,8 @@ depth not yet timed at this batch size is tried first, for two windows. T(D) is
 the lower median over the depth's last 8 windows at this batch size of each
 window's mean step time (each step from the update before it to its own, over
 the steps the worker went straight into: an idle gap before a step is not its
-cost; a step over 4x the window's median step is a stall, left out). A
+cost; a step over 4x the mean of the window's other steps is a stall, left
+out). A
 window's mean, not each step's own time: under async scheduling the engine
 core's updates can arrive in bunches (a delayed one, then its successor at
 once), which moves time between neighbouring steps but not out of a window
@@ -83,10 +84,12 @@ class StepWindow:
     closed: bool = False
 
     def mean_and_slowest(self, stall_factor: float) -> tuple[float, float, int]:
-        """Mean step time without stalls (steps over ``stall_factor`` x the window's median step),
-        the slowest step, and the number of steps the mean is over."""
-        limit = stall_factor * statistics.median(self.steps_s)
-        kept = [t for t in self.steps_s if t <= limit]
+        """Mean step time without stalls (steps over ``stall_factor`` x the mean of the window's
+        other steps), the slowest step, and the number of steps the mean is over. Not against the
+        median: under async scheduling bunched updates pair a long step with a near-zero one, and
+        the short ones can be the majority of a window."""
+        total, n = sum(self.steps_s), len(self.steps_s)
+        kept = [t for t in self.steps_s if t * (n - 1) <= stall_factor * (total - t)]
         return sum(kept) / len(kept), max(self.steps_s), len(kept)
 
 
@@ -139,7 +142,7 @@ class StepDepthChooser:
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
     stall_factor: float = 4.0
-    """A step over this many times its window's median step is a stall (a first use of a
+    """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
     times: dict[int, BucketTimes] = field(default_factory=dict)
     """Bucket of batch sizes -> its step times."""

@@ -265,3 +265,16 @@ def test_a_step_the_worker_did_not_go_straight_into_is_counted_but_not_timed() -
     assert window.closed and window.finished == chooser.window_steps and len(window.steps_s) == chooser.window_steps - 1
     assert chooser.times[2].estimates()[window.depth] == pytest.approx(0.020)
     assert chooser.windows_snapshot()[-1][4:] == pytest.approx([20.0, 20.0])
+
+
+def test_bunched_halves_are_not_taken_for_stalls() -> None:
+    """A delayed update and its successor at once: near-zero steps can be most of a window (here
+    4 of its 7 timed steps; the first came after an idle gap)."""
+    chooser = StepDepthChooser(K, random.Random(1))
+    window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
+    clock = 1.0
+    for step in range(chooser.window_steps):
+        took = 0.0235 if step % 2 == 0 else 0.0005
+        chooser.step_finished(window, 16, clock if step else 0.0, clock + took)
+        clock += took
+    assert chooser.times[4].estimates()[window.depth] == pytest.approx((3 * 0.0235 + 4 * 0.0005) / 7)
