@@ -2,6 +2,8 @@
 
     .venv/bin/python -m load.adaptive_report load/results/DIR [DIR...]
 
+(and, where the folder's ``controller.json`` has them, the step chooser's windows)
+
 Ratios are *paired*: within one repetition at one concurrency every policy ran
 back to back (rotated order), so ``adaptive / other`` is taken per repetition
 and the table shows their geometric mean and the [min, max] over repetitions.
@@ -114,8 +116,42 @@ def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def window_table(state: dict[str, Any]) -> list[str]:
+    """Markdown: the one-depth-per-step chooser's closed windows (``step_depth_windows`` of the
+    controller state) by bucket, depth and whether the window switched depth, beside the
+    estimate each depth had at the end: what to read when adaptive picked a depth it should not."""
+    windows = state.get("step_depth_windows") or []
+    estimates = state.get("step_depth_ms") or {}
+    groups: dict[tuple[int, int, bool], list[list[Any]]] = defaultdict(list)
+    for bucket, depth, switched, _steps, mean_ms, slowest_ms in windows:
+        groups[(bucket, depth, switched)].append([mean_ms, slowest_ms])
+    lines = [
+        "| bucket | depth | window | windows | mean step ms: median [min, max] | slowest step ms: median "
+        "| the depth's estimate ms |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for (bucket, depth, switched), rows in sorted(groups.items()):
+        means = [r[0] for r in rows]
+        estimate = (estimates.get(str(bucket)) or [None] * (depth + 1))[depth]
+        lines.append(
+            f"| {bucket} | {depth} | {'after a switch' if switched else 'steady'} | {len(rows)} "
+            f"| {statistics.median(means):.1f} [{min(means):.1f}, {max(means):.1f}] "
+            f"| {statistics.median(r[1] for r in rows):.1f} | {'-' if estimate is None else estimate} |"
+        )
+    switch = state.get("step_depth_switch_ms") or {}
+    lines.append("")
+    lines.append("Switch cost per window, ms, by bucket: " + json.dumps(switch))
+    return lines
+
+
 def main(argv: list[str]) -> None:
-    print("\n".join(adaptive_targets(read_cells([Path(p) for p in argv]))))
+    folders = [Path(p) for p in argv]
+    print("\n".join(adaptive_targets(read_cells(folders))))
+    for folder in folders:
+        state_file = folder / "controller.json"
+        if state_file.exists() and json.loads(state_file.read_text()).get("step_depth_windows"):
+            print(f"\nThe step chooser's windows ({state_file}):\n")
+            print("\n".join(window_table(json.loads(state_file.read_text()))))
 
 
 if __name__ == "__main__":
