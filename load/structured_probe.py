@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from load.server import ServerProcess
+
+if TYPE_CHECKING:
+    from engine.llm import RequestDefaults
 
 SPEC_FLAG = "--speculative-config"
 
@@ -31,26 +34,29 @@ def flags_with_k(argv: list[str], k: int) -> list[str]:
     return [*argv[:at], json.dumps(spec), *argv[at + 1 :]]
 
 
-def request_body(model: str, model_dir: Path) -> dict[str, Any]:
-    """The test's request as phasespec sends it on: its default budget for the embedded model and
-    the EOS hold through it (engine/llm.py ``apply_defaults``; the model never ends reasoning
-    itself, so without the hold it stops at once)."""
-    from transformers import AutoTokenizer
+def request_body(model: str, defaults: RequestDefaults, reasoning_end_len: int) -> dict[str, Any]:
+    """The test's request as phasespec sends it on: its request defaults applied by its own
+    ``apply_defaults`` (for the embedded model a thinking budget and the EOS hold through it; the
+    model never ends reasoning itself, so without the hold it stops at once)."""
+    from vllm import SamplingParams
 
-    from engine.args import EMBEDDED_REASONING_END, EMBEDDED_THINKING_BUDGET
-    from tests.test_api import NAMED_CHOICE, PROMPT, WEATHER_TOOL
+    from engine.llm import apply_defaults
+    from load.workload import NAMED_CHOICE, PROMPT, WEATHER_TOOL
 
-    end_len = len(AutoTokenizer.from_pretrained(model_dir).encode(EMBEDDED_REASONING_END, add_special_tokens=False))
-    return {
+    params = SamplingParams(max_tokens=150, temperature=0)
+    apply_defaults(params, defaults, reasoning_end_len)
+    body = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": 150,
+        "max_tokens": params.max_tokens,
         "temperature": 0,
         "tools": [WEATHER_TOOL],
         "tool_choice": NAMED_CHOICE,
-        "thinking_token_budget": EMBEDDED_THINKING_BUDGET,
-        "min_tokens": EMBEDDED_THINKING_BUDGET + end_len + 1,
+        "min_tokens": params.min_tokens,
     }
+    if params.thinking_token_budget is not None:
+        body["thinking_token_budget"] = params.thinking_token_budget
+    return body
 
 
 def generated(message: dict[str, Any]) -> dict[str, Any]:
@@ -64,14 +70,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", default="1,3", help="draft tokens per step, one server each")
     parser.add_argument("--out", type=Path, default=Path("load/results/structured-probe"))
     cfg = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
     from config import Settings
-    from engine.args import apply_environment, engine_argv
+    from engine.args import EMBEDDED_REASONING_END, apply_environment, engine_argv, request_defaults
     from engine.default_model import MODEL_NAME, ensure_default_model
 
     settings = Settings()  # type: ignore[call-arg]
     apply_environment(settings)
     base = engine_argv(settings)
-    body = request_body(MODEL_NAME, ensure_default_model(settings.engine.cache_dir))
+    reasoning_end = AutoTokenizer.from_pretrained(ensure_default_model(settings.engine.cache_dir)).encode(
+        EMBEDDED_REASONING_END, add_special_tokens=False
+    )
+    body = request_body(MODEL_NAME, request_defaults(settings), len(reasoning_end))
     cfg.out.mkdir(parents=True, exist_ok=True)
     calls: dict[int, Any] = {}
     for k in (int(k) for k in cfg.k.split(",")):

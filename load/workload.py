@@ -65,6 +65,27 @@ def workload_prompt(workload: str, i: int) -> tuple[str, str]:
     return "copy", copy_prompt(i // 2 if workload == "mixed" else i)
 
 
+# The API tests' request (and load/structured_probe.py's): a short copy task, and a strict tool
+# named in tool_choice (vLLM's structured output).
+PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        # vLLM pins argument schemas only for strict tools (--tool-strict-level auto).
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED_CHOICE: dict[str, Any] = {"type": "function", "function": {"name": "get_weather"}}
+
+
 def chat_prompt(engine: Any, text: str) -> dict[str, Any]:
     """``text`` as a user turn in the engine's chat template, as prompt token ids."""
     tokenizer = engine.get_tokenizer()

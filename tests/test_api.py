@@ -10,24 +10,7 @@ import openai
 import pytest
 
 from engine.compat import find_vllm, sampled_thinking_budget_holds
-
-PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
-WEATHER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        # vLLM pins argument schemas only for strict tools (--tool-strict-level auto).
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-NAMED_CHOICE: dict[str, Any] = {"type": "function", "function": {"name": "get_weather"}}
+from load.workload import NAMED_CHOICE, PROMPT, WEATHER_TOOL
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_phase_switching_leaves_reasoning_and_answer_unchanged(base_url: str, mo
 
 
 def test_phase_switching_leaves_tool_calls_unchanged(base_url: str, model_name: str) -> None:
-    from tests.test_api import NAMED_CHOICE, WEATHER_TOOL
+    from load.workload import NAMED_CHOICE, WEATHER_TOOL
 
     extra = {"tools": [WEATHER_TOOL], "tool_choice": NAMED_CHOICE, "max_tokens": 150}
     switched = chat(base_url, model_name, **extra, phasespec={"stats": True}).json()
@@ -101,7 +101,7 @@ def test_phase_switching_leaves_tool_calls_unchanged(base_url: str, model_name: 
 def test_a_forced_tool_call_is_tracked_and_drafted_as_tool_call(base_url: str, model_name: str, choice: str) -> None:
     """Under tool_choice required or named vLLM writes the call as constrained JSON with no
     markup after reasoning: phasespec tracks it as tool_call and verifies tool_call's depth there."""
-    from tests.test_api import NAMED_CHOICE, WEATHER_TOOL
+    from load.workload import NAMED_CHOICE, WEATHER_TOOL
 
     tool_choice = NAMED_CHOICE if choice == "named" else "required"
     depths = {"reasoning": 0, "answer": 3, "tool_call": 1}
