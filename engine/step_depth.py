@@ -16,29 +16,38 @@ expected tokens per second, every adaptive request verifying min(cap, D):
 
 E_i is the request's expected accepted drafts (the controller's estimates). A
 depth not yet timed at this batch size is tried first, for two windows. T(D) is
-the lower median over the depth's last 8 windows at this batch size of each
+the lower median over the depth's last 16 windows at this batch size of each
 window's mean step time (each step from the update before it to its own, over
 the steps the worker went straight into: an idle gap before a step is not its
 cost; a step over 4x the mean of the window's other steps is a stall, left
-out). A
-window's mean, not each step's own time: under async scheduling the engine
-core's updates can arrive in bunches (a delayed one, then its successor at
-once), which moves time between neighbouring steps but not out of a window
+out). A window's mean, not each step's own time: under async scheduling the
+engine core's updates can arrive in bunches (a delayed one, then its successor
+at once), which moves time between neighbouring steps but not out of a window
 (per-step times read 0.6 ms for a batch-1 step that takes over 10 ms on the
 H200: docs/gpu.md). The lower median over windows keeps one slow window (a
 pause, prefills next door) from pricing a depth out, even when it is one of two.
 
+The machine's speed drifts: on the H200 machines a window's mean scattered
+0.84-1.35x its depth's median (10th-90th percentile) and consecutive windows
+correlated 0.6. So a window is kept over the speed the one before it showed
+(``drift_carry`` of its log ratio to its depth's time), which lets depths timed
+at different moments compare as if timed at one.
+
 Only windows that follow a window of the same depth time T(D) ("steady"); a
-window that switched depth is timed apart, and what it cost beyond T(D) is the
-switch cost, charged to every other depth (amortized over a window) when the
-choice weighs a switch. A depth timed only right after switches carries their
-cost in its time (its after-switch time stands in until a steady one exists),
-and would be passed over for good: a depth the choice passes over is explored
-again once it has not run for K / ``explore_share`` windows of this bucket, for
-two windows, the second one steady. On the H200 the depths the chooser rarely
-ran read 43-75% above what static cells measured, and a depth's first window at
-a batch size held one step of 96-149 ms (docs/gpu.md): hence two windows for a
-new depth, the stall rule and the lower median.
+window that switched depth is timed apart, and what it cost beyond the median
+steady window is the switch cost, charged to every other depth (amortized over
+``switch_horizon`` windows) when the choice weighs a switch. A depth timed only
+right after switches carries their cost in its time (its after-switch time
+stands in until a steady one exists). A depth the choice passes over is run
+again, for two windows (the second steady), once it has not run for
+K / ``explore_share`` windows of this bucket times its patience: 1 for a depth
+within ``close_gap`` (5%) of the best rate, up to ``max_patience`` (2) for one
+further below (re-running a clearly worse depth costs its gap and rarely changes
+the choice). On the H200 the depths the chooser rarely ran read 43-75% above
+what static cells measured, and a depth's first window at a batch size held one
+step of 96-149 ms (docs/gpu.md): hence two windows for a new depth, the stall
+rule and the lower median. ``load/chooser_sim.py`` replays these rules against
+step times drawn from a GPU run's measured scatter (a simulation, docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -106,6 +115,8 @@ class BucketTimes:
     last_window: list[int]
     windows: int = 0
     """Windows chosen at this bucket so far."""
+    drift: float = 0.0
+    """Log of how much slower than its depth's estimate the last kept window ran."""
 
     @classmethod
     def empty(cls, max_depth: int, memory: int) -> BucketTimes:
@@ -137,10 +148,19 @@ class StepDepthChooser:
     """Steps per depth decision. A step is timed from the update before it to its own (under
     async scheduling a step is scheduled while the one before it runs, so only consecutive
     updates time it)."""
-    memory: int = 8
+    memory: int = 16
     """Window means kept per depth and bucket; their lower median is the depth's step time."""
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
+    switch_horizon: int = 4
+    """Windows a switch is amortized over when weighing it."""
+    close_gap: float = 0.05
+    """A passed-over depth within this share of the best rate is re-run every K / explore_share
+    windows; one further below waits proportionally longer."""
+    drift_carry: float = 0.3
+    """How much of the last window's speed over its depth's estimate carries into the next."""
+    max_patience: float = 2.0
+    """The longest a passed-over depth waits, in units of K / explore_share windows."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -169,25 +189,44 @@ class StepDepthChooser:
         table.windows += 1
         estimates = table.estimates()
         untimed = [d for d, t in enumerate(estimates) if t is None]
-        stalest = min(range(self.max_depth + 1), key=lambda d: table.last_window[d])
         if self.repeat is not None:
             depth, self.repeat = self.repeat, None
         elif untimed:
             # Two windows, the second timed steady: a depth's first steps at a batch size
             # pay one-time costs (H200: single steps of 96-149 ms against ~12).
             depth = self.repeat = self.rng.choice(untimed)
-        elif explore_share > 0 and table.windows - table.last_window[stalest] > self.max_depth / explore_share:
-            depth = self.repeat = stalest
         else:
-            switch_s = table.switch_cost() / self.window_steps
+            # A switch is paid once and the new depth kept for windows: amortized over a few.
+            switch_s = table.switch_cost() / (self.window_steps * self.switch_horizon)
+            rates = [self.rate(d, estimates, gains, caps) for d in range(self.max_depth + 1)]
+            stale = self.stale(table, rates, explore_share)
+            if stale is not None:
+                depth = self.repeat = stale
+            else:
 
-            def worth(d: int) -> float:
-                return self.rate(d, estimates, gains, caps, 0.0 if d == previous else switch_s)
+                def worth(d: int) -> float:
+                    return self.rate(d, estimates, gains, caps, 0.0 if d == previous else switch_s)
 
-            depth = max(range(self.max_depth + 1), key=worth)
+                depth = max(range(self.max_depth + 1), key=worth)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
         return self.current
+
+    def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
+        """The passed-over depth to run again now, if any (the longest unrun of those due): one that
+        has not run for K / ``explore_share`` windows of this bucket times its patience, its gap
+        below the best rate in units of ``close_gap``, between 1 and ``max_patience``."""
+        if explore_share <= 0:
+            return None
+        best = max(rates)
+        due = []
+        for d, rate in enumerate(rates):
+            # A depth timed only after switches carries their cost: not judged by its gap.
+            gap = 1 - rate / best if best > 0 and table.steady[d] else 0.0
+            patience = min(max(1.0, gap / self.close_gap), self.max_patience)
+            if table.windows - table.last_window[d] > self.max_depth / explore_share * patience:
+                due.append((table.last_window[d], d))
+        return min(due)[1] if due else None
 
     @staticmethod
     def rate(
@@ -223,14 +262,22 @@ class StepDepthChooser:
         if len(window.steps_s) < self.min_timed:
             return
         table = self.bucket(window.bucket)
-        mean, slowest, kept = window.mean_and_slowest(self.stall_factor)
-        self.history.append((window.bucket, window.depth, window.switched, kept, mean, slowest))
+        measured, slowest, kept = window.mean_and_slowest(self.stall_factor)
+        self.history.append((window.bucket, window.depth, window.switched, kept, measured, slowest))
+        # The machine's speed drifts (consecutive windows' scatter correlates 0.6 on the H200):
+        # a window is kept over the speed the window before it predicts, so depths timed at
+        # different times compare as if timed at one.
+        mean = measured / math.exp(self.drift_carry * table.drift)
+        if not window.switched and table.steady[window.depth]:  # a switch's cost is not the machine's
+            table.drift = math.log(measured / typical(table.steady[window.depth]))
         if not window.switched:
             table.steady[window.depth].append(mean)
             return
         steady = table.steady[window.depth]
         if steady:
-            table.switch_s.append((mean - typical(steady)) * kept)
+            # Against the median, not the lower median: below it a switch would absorb the
+            # ordinary scatter of windows (the lower median sits under half of them).
+            table.switch_s.append((mean - statistics.median(steady)) * kept)
         table.after_switch[window.depth].append(mean)
 
     def bucket(self, bucket: int) -> BucketTimes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -118,7 +119,7 @@ def test_a_switch_cost_keeps_the_chooser_on_a_depth_that_is_nearly_as_good() -> 
     assert chooser.rate(1, chooser.times[4].estimates(), [WEAK], [K]) > chooser.rate(
         0, chooser.times[4].estimates(), [WEAK], [K]
     )
-    chooser.times[4].switch_s.append(0.100)  # a switch has cost 100 ms a window
+    chooser.times[4].switch_s.append(0.200)  # a switch has cost 200 ms a window: 6.25 ms a step over 4 windows
     chooser.current = StepWindow(0, 0, 4)
     assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 0, "not worth the switch"
     chooser.current = StepWindow(1, 0, 4)
@@ -212,12 +213,12 @@ def test_one_slow_window_does_not_price_a_depth_out() -> None:
     assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 1
 
 
-def test_a_passed_over_depth_is_run_again_after_k_over_explore_share_windows() -> None:
+def test_a_passed_over_depth_is_run_again_after_k_over_explore_share_windows_times_its_patience() -> None:
     chooser = StepDepthChooser(K, random.Random(2))
     clock = 1.0
     times = {0: 20.0, 1: 60.0, 2: 60.0, 3: 60.0}  # depth 1's first window met a slow moment
     depths = []
-    for _ in range(60):
+    for _ in range(90):
         for _ in range(chooser.window_steps):
             window = chooser.choose(4, [WEAK] * 4, [K] * 4, explore_share=0.25)
             end = clock + times[window.depth] / 1e3
@@ -228,7 +229,8 @@ def test_a_passed_over_depth_is_run_again_after_k_over_explore_share_windows() -
             times[1] = 20.5  # the moment passed: depth 1 is now worth it
     first = depths.index(1)
     again = depths.index(1, first + 1)
-    assert again - first <= 1 + K / 0.25, "depth 1 was timed again within K / explore_share windows"
+    # Priced 63% below depth 0, depth 1 waits the longest: K / explore_share x max_patience windows.
+    assert again - first <= 2 + K / 0.25 * chooser.max_patience, "depth 1 was timed again"
     assert depths[-10:].count(1) >= 6, "and chosen once its median is current"
 
 
@@ -278,3 +280,34 @@ def test_bunched_halves_are_not_taken_for_stalls() -> None:
         chooser.step_finished(window, 16, clock if step else 0.0, clock + took)
         clock += took
     assert chooser.times[4].estimates()[window.depth] == pytest.approx((3 * 0.0235 + 4 * 0.0005) / 7)
+
+
+def test_a_window_on_a_slow_machine_is_kept_at_the_machine_s_usual_speed() -> None:
+    chooser = timed([20, 25, 30, 35])
+    slow = StepWindow(0, 0, 4, switched=False, steps_s=[0.030] * 8)  # depth 0 ran 1.5x its time
+    chooser.close(slow)
+    after = StepWindow(1, 0, 4, switched=False, steps_s=[0.030] * 8)
+    chooser.close(after)
+    kept = chooser.times[4].steady[1][-1]
+    assert kept < 0.030 and kept == pytest.approx(0.030 / 1.5**chooser.drift_carry)
+    switched = StepWindow(2, 0, 4, switched=True, steps_s=[0.090] * 8)  # a switch's cost is not the machine's
+    chooser.close(switched)
+    assert chooser.times[4].drift == pytest.approx(math.log(0.030 / 0.025))
+
+
+def test_a_depth_far_below_the_best_waits_longer_to_be_run_again() -> None:
+    chooser = StepDepthChooser(K, random.Random(0))
+    times = {0: 18.0, 1: 21.0, 2: 30.0, 3: 40.0}  # depth 0 within 5% of depth 1, depth 3 45% below
+    for depth, ms in times.items():
+        chooser.observe(4, depth, ms / 1e3)
+    clock, reruns = 1.0, {0: [], 3: []}
+    for n in range(60):
+        for _ in range(chooser.window_steps):
+            window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.25)
+            chooser.step_finished(window, 16, clock, clock + times[window.depth] / 1e3)
+            clock += times[window.depth] / 1e3
+        if window.depth in reruns and window.switched:
+            reruns[window.depth].append(n)
+    interval = K / 0.25
+    assert reruns[0] and reruns[0][0] <= interval + 2, "a close depth is re-run every K / explore_share windows"
+    assert reruns[3] and interval * 1.5 < reruns[3][0] <= interval * chooser.max_patience + 2, "a far one later"
