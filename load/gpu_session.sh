@@ -4,12 +4,13 @@
 #   RES=~/gpu_results setsid nohup bash load/gpu_session.sh > ~/gpu_results/session.log 2>&1 &
 # STEPS picks a subset (default: what the last session left unrun, in order of importance).
 # Another vLLM (a second bundle assembled under ~/parts023): the same steps with
-#   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS="probe-structured tests-selfdraft-async" bash load/gpu_session.sh
+#   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS=tests-selfdraft-async bash load/gpu_session.sh
+# Never two engines at once: a second engine starting while the first exits fails vLLM's memory profiling.
 # Polling: issue the next device call as soon as one returns (a machine idle 30 s is handed back,
 # and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-serve bench-selfdraft-async bench-selfdraft-fdo"}
+STEPS=${STEPS:-"bench-selfdraft-async bench-mixed bench-selfdraft-fdo"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
