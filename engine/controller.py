@@ -360,10 +360,14 @@ class DepthController:
         return StepPlan(depths, False, None, full_draft)
 
     def _plan_step_depth(self, batch_size: int, adaptive: Sequence[tuple[RequestLedger, int]]) -> StepPlan:
-        priors: dict[str, _Prior] = {}
-        gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
-        caps = [cap for _, cap in adaptive]
-        window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share)
+        for request, _ in adaptive:
+            self.track(request)  # a request entering a phase restarts its estimates now
+        window = self.step_chooser.next_step()
+        if window is None:  # a new window: only its choice needs the requests' estimates
+            priors: dict[str, _Prior] = {}
+            gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
+            caps = [cap for _, cap in adaptive]
+            window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share)
         depths = {}
         for request, cap in adaptive:
             depths[request.engine_id] = request.chosen = min(cap, window.depth)

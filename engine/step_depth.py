@@ -179,11 +179,10 @@ class StepDepthChooser:
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
     ) -> StepWindow:
         """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d."""
-        window = self.current
-        if window is not None and window.to_plan > 0:
-            window.to_plan -= 1
+        window = self.next_step()
+        if window is not None:
             return window
-        previous = window.depth if window is not None else None
+        previous = self.current.depth if self.current is not None else None
         bucket = bucket_of(batch)
         table = self.bucket(bucket)
         table.windows += 1
@@ -211,6 +210,14 @@ class StepDepthChooser:
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
         return self.current
+
+    def next_step(self) -> StepWindow | None:
+        """The current window, when this step still belongs to it (None: a new window is due)."""
+        window = self.current
+        if window is not None and window.to_plan > 0:
+            window.to_plan -= 1
+            return window
+        return None
 
     def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
         """The passed-over depth to run again now, if any (the longest unrun of those due): one that
