@@ -89,11 +89,17 @@ def test_phase_switching_leaves_tool_calls_unchanged(base_url: str, model_name: 
     extra = {"tools": [WEATHER_TOOL], "tool_choice": NAMED_CHOICE, "max_tokens": 150}
     switched = chat(base_url, model_name, **extra, phasespec={"stats": True}).json()
     fixed = chat(base_url, model_name, **extra, phasespec=ALL_K).json()
+    # On a failure, both sides whole: how each ended and what it reasoned (vLLM 0.23.0 on the H200
+    # gave a shorter call at K, unexplained: docs/gpu.md).
+    both = {
+        name: {key: reply["choices"][0].get(key) for key in ("finish_reason", "message")} | {"usage": reply["usage"]}
+        for name, reply in (("switched", switched), ("fixed", fixed))
+    }
     assert (
         switched["choices"][0]["message"]["tool_calls"][0]["function"]
         == fixed["choices"][0]["message"]["tool_calls"][0]["function"]
-    )
-    assert switched["choices"][0]["message"]["reasoning"] == fixed["choices"][0]["message"]["reasoning"]
+    ), both
+    assert switched["choices"][0]["message"]["reasoning"] == fixed["choices"][0]["message"]["reasoning"], both
     assert "reasoning" in switched["phasespec"]["phases"]
 
 
