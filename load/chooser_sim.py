@@ -146,6 +146,7 @@ def compare(scenario: Scenario, noise: Noise, steps: int, seeds: int) -> dict[st
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a bench_policies output folder (controller.json, cells.csv)")
+    parser.add_argument("--cells", type=Path, default=None, help="the scenarios from another run's cells.csv")
     parser.add_argument("--concurrency", default="4,16,64")
     parser.add_argument("--steps", default="600,5000", help="steps per simulated run (a benchmark's, a server's)")
     parser.add_argument("--seeds", type=int, default=40)
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         "| chooser / best static: median (worst) |"
     )
     print("| --- | --- | --- | --- | --- |")
-    for scenario in scenarios_from_cells(cfg.run / "cells.csv", [int(c) for c in cfg.concurrency.split(",")]):
+    cells = cfg.cells or cfg.run / "cells.csv"
+    for scenario in scenarios_from_cells(cells, [int(c) for c in cfg.concurrency.split(",")]):
         for steps in (int(s) for s in cfg.steps.split(",")):
             result = compare(scenario, noise, steps, cfg.seeds)
             print(
