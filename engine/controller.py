@@ -368,6 +368,8 @@ class DepthController:
             gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
             caps = [cap for _, cap in adaptive]
             window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share)
+        window.planned += 1
+        window.fixed += batch_size - len(adaptive)
         depths = {}
         for request, cap in adaptive:
             depths[request.engine_id] = request.chosen = min(cap, window.depth)

@@ -90,6 +90,10 @@ class StepWindow:
     finished: int = 0
     steps_s: list[float] = field(default_factory=list)
     """Its timed steps' times."""
+    planned: int = 0
+    fixed: int = 0
+    """Requests in its planned steps whose depth it did not set (held at a thinking budget, or
+    static), summed: the batch's make-up, which the depth's time may depend on."""
     closed: bool = False
 
     def mean_and_slowest(self, stall_factor: float) -> tuple[float, float, int]:
@@ -171,9 +175,10 @@ class StepDepthChooser:
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
-    history: deque[tuple[int, int, bool, int, float, float]] = field(default_factory=lambda: deque(maxlen=256))
+    history: deque[tuple[int, int, bool, int, float, float, float]] = field(default_factory=lambda: deque(maxlen=256))
     """The last closed windows as (bucket, depth, switched, steps in the mean, mean step seconds,
-    slowest step seconds): what the estimates were made from (``/phasespec/state``)."""
+    slowest step seconds, requests at a depth it did not set per planned step): what the
+    estimates were made from (``/phasespec/state``)."""
 
     def choose(
         self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
@@ -270,7 +275,8 @@ class StepDepthChooser:
             return
         table = self.bucket(window.bucket)
         measured, slowest, kept = window.mean_and_slowest(self.stall_factor)
-        self.history.append((window.bucket, window.depth, window.switched, kept, measured, slowest))
+        fixed = window.fixed / window.planned if window.planned else 0.0
+        self.history.append((window.bucket, window.depth, window.switched, kept, measured, slowest, fixed))
         # The machine's speed drifts (consecutive windows' scatter correlates 0.6 on the H200):
         # a window is kept over the speed the window before it predicts, so depths timed at
         # different times compare as if timed at one.
@@ -304,8 +310,12 @@ class StepDepthChooser:
         }
 
     def windows_snapshot(self) -> list[list[Any]]:
-        """The last closed windows: [bucket, depth, switched, steps in the mean, mean step ms, slowest step ms]."""
-        return [[b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3)] for b, d, s, n, t, top in self.history]
+        """The last closed windows: [bucket, depth, switched, steps in the mean, mean step ms, slowest step
+        ms, requests per step at a depth the window did not set]."""
+        return [
+            [b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3), round(fixed, 2)]
+            for b, d, s, n, t, top, fixed in self.history
+        ]
 
     def switch_snapshot(self) -> dict[str, float]:
         """Per bucket, the measured extra ms a window pays for switching depth."""

@@ -57,10 +57,10 @@ class Noise:
 
     @classmethod
     def from_windows(cls, windows: Sequence[Sequence[float]], min_windows: int = 6) -> Noise:
-        """From ``step_depth_windows`` rows (bucket, depth, switched, steps, mean ms, slowest ms):
+        """From ``step_depth_windows`` rows (bucket, depth, switched, steps, mean ms, slowest ms, ...):
         only (bucket, depth) pairs with ``min_windows`` steady windows, so that the median is one."""
         groups: dict[tuple[int, int], dict[bool, list[float]]] = {}
-        for bucket, depth, after_switch, _, mean, _ in windows:
+        for bucket, depth, after_switch, _, mean, *_ in windows:
             groups.setdefault((int(bucket), int(depth)), {True: [], False: []})[bool(after_switch)].append(mean)
         medians = {key: statistics.median(g[False]) for key, g in groups.items() if len(g[False]) >= min_windows}
         if not medians:

@@ -59,7 +59,7 @@ def test_a_stalled_step_is_left_out_of_its_window_but_recorded() -> None:
         chooser.step_finished(window, 16, clock, clock + took)
         clock += took
     assert chooser.times[4].estimates()[window.depth] == pytest.approx(0.012)
-    assert chooser.windows_snapshot()[-1][3:] == pytest.approx([7, 12.0, 149.0])
+    assert chooser.windows_snapshot()[-1][3:6] == pytest.approx([7, 12.0, 149.0])
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,9 @@ def test_the_controller_applies_one_depth_capped_per_request() -> None:
         clock = end
     assert seen == set(range(K + 1))
     assert ctrl.plan(batch).step_window.depth == 0  # type: ignore[union-attr]
-    assert ctrl.snapshot(False)["step_depth_ms"] == {"2": [20.0, 40.0, 40.0, 40.0]}
+    state = ctrl.snapshot(False)
+    assert state["step_depth_ms"] == {"2": [20.0, 40.0, 40.0, 40.0]}
+    assert {row[6] for row in state["step_depth_windows"]} == {1.0}, "one static request in every step"
 
 
 def test_one_slow_window_does_not_price_a_depth_out() -> None:
@@ -266,7 +268,7 @@ def test_a_step_the_worker_did_not_go_straight_into_is_counted_but_not_timed() -
         clock += 0.5 if gap else 0.02
     assert window.closed and window.finished == chooser.window_steps and len(window.steps_s) == chooser.window_steps - 1
     assert chooser.times[2].estimates()[window.depth] == pytest.approx(0.020)
-    assert chooser.windows_snapshot()[-1][4:] == pytest.approx([20.0, 20.0])
+    assert chooser.windows_snapshot()[-1][4:6] == pytest.approx([20.0, 20.0])
 
 
 def test_bunched_halves_are_not_taken_for_stalls() -> None:
