@@ -281,12 +281,12 @@ class StepDepthChooser:
         # a window is kept over the speed the window before it predicts, so depths timed at
         # different times compare as if timed at one.
         mean = measured / math.exp(self.drift_carry * table.drift)
-        if not window.switched and table.steady[window.depth]:  # a switch's cost is not the machine's
-            table.drift = math.log(measured / typical(table.steady[window.depth]))
-        if not window.switched:
-            table.steady[window.depth].append(mean)
-            return
         steady = table.steady[window.depth]
+        if not window.switched:
+            if steady:  # only a steady window tells the machine's speed: a switch adds its own cost
+                table.drift = math.log(measured / typical(steady))
+            steady.append(mean)
+            return
         if steady:
             # Against the median, not the lower median: below it a switch would absorb the
             # ordinary scatter of windows (the lower median sits under half of them).

@@ -152,9 +152,10 @@ def main(argv: list[str]) -> None:
     print("\n".join(adaptive_targets(read_cells(folders))))
     for folder in folders:
         state_file = folder / "controller.json"
-        if state_file.exists() and json.loads(state_file.read_text()).get("step_depth_windows"):
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        if state.get("step_depth_windows"):
             print(f"\nThe step chooser's windows ({state_file}):\n")
-            print("\n".join(window_table(json.loads(state_file.read_text()))))
+            print("\n".join(window_table(state)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ batch sizes that move); the GPU benchmark (``load/bench_policies.py``) is the me
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
@@ -88,8 +89,6 @@ class Scenario:
 
 def scenarios_from_cells(cells: Path, concurrencies: Sequence[int], max_depth: int = 3) -> list[Scenario]:
     """Per concurrency: the fixed-depth cells' median ms per engine step and tokens per step."""
-    import csv
-
     rows = list(csv.DictReader(cells.open()))
     out = []
     for conc in concurrencies:

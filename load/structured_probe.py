@@ -5,7 +5,7 @@
 On vLLM 0.23.0 (H200, self-draft, async scheduling) phasespec's named-tool-call test gave
 different arguments at its default depths and at K (docs/gpu.md, sixth session). This starts
 vLLM's own server on the same engine flags (``engine.args.engine_argv``) once per K, sends the
-test's request (``tests/test_api.py``: a named ``tool_choice``, vLLM's structured output, with
+test's request (``load/workload.py``: a named ``tool_choice``, vLLM's structured output, with
 the thinking budget phasespec gives the embedded model) and reports whether the calls match:
 if they differ here too, the dependence on K is vLLM's.
 """
