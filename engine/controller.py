@@ -324,7 +324,10 @@ class DepthController:
         self.planned_steps += 1
         self._score_share = min(1.0, s.scored_per_step / len(batch))
         if s.step_depth:
-            return self._plan_step_depth(len(batch), adaptive)
+            fixed = [
+                (request, depth) for request, (depth, is_adaptive) in zip(batch, modes, strict=True) if not is_adaptive
+            ]
+            return self._plan_step_depth(len(batch), adaptive, fixed)
         warm = self.explored_steps >= s.warmup_steps
         explore = self._explore_next or not warm
         # A random step only teaches the slope through requests with drafts to
@@ -359,7 +362,12 @@ class DepthController:
                 depths[request.engine_id] = request.chosen = d
         return StepPlan(depths, False, None, full_draft)
 
-    def _plan_step_depth(self, batch_size: int, adaptive: Sequence[tuple[RequestLedger, int]]) -> StepPlan:
+    def _plan_step_depth(
+        self,
+        batch_size: int,
+        adaptive: Sequence[tuple[RequestLedger, int]],
+        fixed: Sequence[tuple[RequestLedger, int]],
+    ) -> StepPlan:
         for request, _ in adaptive:
             self.track(request)  # a request entering a phase restarts its estimates now
         window = self.step_chooser.next_step()
@@ -367,7 +375,15 @@ class DepthController:
             priors: dict[str, _Prior] = {}
             gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
             caps = [cap for _, cap in adaptive]
-            window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share)
+            # Requests at a depth the window does not set (held at a thinking budget, static) yield
+            # the same tokens at every depth, but they are in every depth's step time: left out of
+            # the rate, they made deep depths look better than they are (a batch half held gains
+            # half as much from a deeper depth, for the same extra time).
+            fixed_tokens = sum(
+                1 + (_cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0.0)
+                for request, depth in fixed
+            )
+            window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share, fixed_tokens)
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
         depths = {}

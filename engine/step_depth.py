@@ -12,9 +12,11 @@ This chooser runs windows of 8 steps at one depth D, learns the step time at
 each D per batch-size bucket (decode steps only) and picks the D with the most
 expected tokens per second, every adaptive request verifying min(cap, D):
 
-    rate(D) = sum_i (1 + E_i(min(cap_i, D))) / T(D)
+    rate(D) = (F + sum_i (1 + E_i(min(cap_i, D)))) / T(D)
 
-E_i is the request's expected accepted drafts (the controller's estimates). A
+E_i is the request's expected accepted drafts (the controller's estimates); F the
+expected tokens of the batch's requests at a depth the window does not set (held
+at a thinking budget: 1 each), which every depth's T(D) includes. A
 depth not yet timed at this batch size is tried first, for two windows. T(D) is
 the lower median over the depth's last 16 windows at this batch size of each
 window's mean step time (each step from the update before it to its own, over
@@ -181,9 +183,15 @@ class StepDepthChooser:
     estimates were made from (``/phasespec/state``)."""
 
     def choose(
-        self, batch: int, gains: Sequence[Sequence[float]], caps: Sequence[int], explore_share: float
+        self,
+        batch: int,
+        gains: Sequence[Sequence[float]],
+        caps: Sequence[int],
+        explore_share: float,
+        fixed_tokens: float = 0.0,
     ) -> StepWindow:
-        """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d."""
+        """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d;
+        ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set."""
         window = self.next_step()
         if window is not None:
             return window
@@ -202,14 +210,14 @@ class StepDepthChooser:
         else:
             # A switch is paid once and the new depth kept for windows: amortized over a few.
             switch_s = table.switch_cost() / (self.window_steps * self.switch_horizon)
-            rates = [self.rate(d, estimates, gains, caps) for d in range(self.max_depth + 1)]
+            rates = [self.rate(d, estimates, gains, caps, fixed_tokens=fixed_tokens) for d in range(self.max_depth + 1)]
             stale = self.stale(table, rates, explore_share)
             if stale is not None:
                 depth = self.repeat = stale
             else:
 
                 def worth(d: int) -> float:
-                    return self.rate(d, estimates, gains, caps, 0.0 if d == previous else switch_s)
+                    return self.rate(d, estimates, gains, caps, 0.0 if d == previous else switch_s, fixed_tokens)
 
                 depth = max(range(self.max_depth + 1), key=worth)
         table.last_window[depth] = table.windows
@@ -247,11 +255,13 @@ class StepDepthChooser:
         gains: Sequence[Sequence[float]],
         caps: Sequence[int],
         extra_s: float = 0.0,
+        fixed_tokens: float = 0.0,
     ) -> float:
-        """Expected tokens per second at ``depth``, each step costing ``extra_s`` more (a switch)."""
+        """Expected tokens per second at ``depth``, each step costing ``extra_s`` more (a switch), with
+        ``fixed_tokens`` a step from requests whose depth it does not set."""
         seconds = table[depth]
         assert seconds is not None
-        tokens = sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
+        tokens = fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
         return tokens / (seconds + extra_s) if seconds + extra_s > 0 else math.inf
 
     def step_finished(self, window: StepWindow, batch: int, previous_update: float, now: float) -> None:

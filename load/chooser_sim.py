@@ -14,8 +14,10 @@ policy).
 
 What it can say: whether the chooser's rules (two windows per new depth, the stall rule, the lower
 median, the switch charge, re-exploration) find the best depth under this noise, and what they
-lose to it. What it cannot: anything about the engine (async timing, held requests, phase mix,
-batch sizes that move); the GPU benchmark (``load/bench_policies.py``) is the measurement.
+lose to it; with ``--held``, a share of every batch held at depth 0 (its thinking budget), which
+the chooser counts, or, with ``--blind``, does not (as before it did). What it cannot: anything
+about the engine (async timing, a held share that moves, phase mix, batch sizes that move); the
+GPU benchmark (``load/bench_policies.py``) is the measurement.
 
     python -m load.chooser_sim load/results/gpu-h200-vllm0.26-session7/bench-selfdraft-async
 """
@@ -104,12 +106,23 @@ def scenarios_from_cells(cells: Path, concurrencies: Sequence[int], max_depth: i
     return out
 
 
-def run(scenario: Scenario, noise: Noise, steps: int, seed: int, depth: int | None) -> float:
-    """Tokens per second over ``steps`` steps: at a fixed ``depth``, or the chooser's (None)."""
+def run(
+    scenario: Scenario, noise: Noise, steps: int, seed: int, depth: int | None, held: float = 0.0, blind: bool = False
+) -> float:
+    """Tokens per second over ``steps`` steps: at a fixed ``depth``, or the chooser's (None).
+
+    ``held``: the share of the batch at a depth the chooser does not set (held at a thinking
+    budget): the chooser sees the rest as its requests, each gaining ``gain[d] / (1 - held)`` so
+    that the batch yields what the cells measured, and the held ones as ``fixed_tokens``, or not
+    at all with ``blind`` (the chooser before it counted them)."""
     factors = noise.factors(seed)
     chooser = StepDepthChooser(len(scenario.step_ms) - 1, random.Random(seed + 1))
-    gains = [[t - 1 for t in scenario.tokens]] * scenario.batch
-    caps = [len(scenario.step_ms) - 1] * scenario.batch
+    n_held = round(scenario.batch * held)
+    adaptive = scenario.batch - n_held
+    scale = scenario.batch / adaptive
+    gains = [[(t - 1) * scale for t in scenario.tokens]] * adaptive
+    caps = [len(scenario.step_ms) - 1] * adaptive
+    fixed_tokens = 0.0 if blind else float(n_held)
     window_steps = chooser.window_steps
     clock = tokens = 0.0
     factor = 1.0
@@ -118,7 +131,7 @@ def run(scenario: Scenario, noise: Noise, steps: int, seed: int, depth: int | No
         if step % window_steps == 0:
             factor = next(factors)
         if depth is None:
-            window = chooser.choose(scenario.batch, gains, caps, explore_share=0.05)
+            window = chooser.choose(scenario.batch, gains, caps, explore_share=0.05, fixed_tokens=fixed_tokens)
             d = window.depth
         else:
             d = depth
@@ -133,12 +146,14 @@ def run(scenario: Scenario, noise: Noise, steps: int, seed: int, depth: int | No
     return tokens / clock
 
 
-def compare(scenario: Scenario, noise: Noise, steps: int, seeds: int) -> dict[str, float]:
+def compare(
+    scenario: Scenario, noise: Noise, steps: int, seeds: int, held: float = 0.0, blind: bool = False
+) -> dict[str, float]:
     """Chooser over the best static depth (in hindsight, per seed), median and worst over seeds."""
     ratios = []
     for seed in range(seeds):
         static = [run(scenario, noise, steps, seed, d) for d in range(len(scenario.step_ms))]
-        ratios.append(run(scenario, noise, steps, seed, None) / max(static))
+        ratios.append(run(scenario, noise, steps, seed, None, held, blind) / max(static))
     return {"median": statistics.median(ratios), "worst": min(ratios)}
 
 
@@ -149,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="4,16,64")
     parser.add_argument("--steps", default="600,5000", help="steps per simulated run (a benchmark's, a server's)")
     parser.add_argument("--seeds", type=int, default=40)
+    parser.add_argument("--held", type=float, default=0.0, help="share of the batch held at depth 0 (thinking budget)")
+    parser.add_argument("--blind", action="store_true", help="the chooser does not count held requests' tokens")
     cfg = parser.parse_args(argv)
     noise = Noise.from_windows(json.loads((cfg.run / "controller.json").read_text())["step_depth_windows"])
     print(
@@ -164,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     cells = cfg.cells or cfg.run / "cells.csv"
     for scenario in scenarios_from_cells(cells, [int(c) for c in cfg.concurrency.split(",")]):
         for steps in (int(s) for s in cfg.steps.split(",")):
-            result = compare(scenario, noise, steps, cfg.seeds)
+            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind)
             print(
                 f"| {scenario.name} | {', '.join(f'{m:.1f}' for m in scenario.step_ms)} | "
                 f"{', '.join(f'{t:.3f}' for t in scenario.tokens)} | {steps} | "

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from engine.controller import ControllerSettings, DepthController
+from engine.cost_model import bucket_of
 from engine.spec_stats import RequestLedger
 from engine.step_depth import StepDepthChooser, StepWindow
 
@@ -313,3 +314,26 @@ def test_a_depth_far_below_the_best_waits_longer_to_be_run_again() -> None:
     interval = K / 0.25
     assert reruns[0] and reruns[0][0] <= interval + 2, "a close depth is re-run every K / explore_share windows"
     assert reruns[3] and interval * 1.5 < reruns[3][0] <= interval * chooser.max_patience + 2, "a far one later"
+
+
+def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() -> None:
+    # One request to choose for and seven held at depth 0: a deeper step costs all eight the extra
+    # time but only one gains from it (the seventh GPU session's c >= 4 cells: half the steps held,
+    # the chooser counting only the rest, ran depth 3 at 0.81x fixed-1).
+    def depth_for(held: int) -> int:
+        ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=3))
+        batch = [request("a", "answer", K, True)]
+        for n in range(held):
+            ledger = request(f"h{n}", "reasoning", K, True)
+            ledger.budget_hold = True
+            batch.append(ledger)
+        for depth, ms in enumerate([20, 22, 24, 26]):
+            ctrl.step_chooser.observe(bucket_of(len(batch)), depth, ms / 1e3)
+        plan = ctrl.plan(batch)
+        assert plan.step_window is not None and set(plan.depths) == {"a"}
+        return plan.step_window.depth
+
+    # At the prior's acceptance (0.5, 0.25, 0.125): alone, depth 2 (1.75 tokens in 24 ms) is best;
+    # with seven held, 8 tokens in 20 ms at depth 0 beat 8.75 in 24 ms.
+    assert depth_for(0) == 2
+    assert depth_for(7) == 0
