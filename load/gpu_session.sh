@@ -60,6 +60,11 @@ for s in $STEPS; do
   probe-structured)  # plain vLLM, K=1 and 3: is a named tool call's greedy text K-dependent? (phasespec's was on 0.23.0)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.structured_probe --k 1,3 --out "$RES/$s" ;;
+  tests-toolcall)  # the named tool call with phase switching against fixed K (depth-dependent on 0.23.0)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m pytest -p no:cacheprovider -rA \
+      "tests/test_phase_server.py::test_phase_switching_leaves_tool_calls_unchanged" \
+      "tests/test_phase_server.py::test_a_forced_tool_call_is_tracked_and_drafted_as_tool_call" ;;
   tests-ngramgpu-fdo)
     PHASESPEC_VLLM_ARGS="[$GPU, $NGRAM_GPU, $FDO]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA tests/test_depth_hook.py ;;
