@@ -144,6 +144,24 @@ def sampled_thinking_budget_holds(release: str) -> bool:
         return True  # unknown: not warned about
 
 
+def structured_output_follows_reasoning(release: str) -> bool:
+    """Whether vLLM ``release`` keeps structured output (a named or required tool call,
+    ``response_format``) on its grammar after the reasoning under speculative decoding. Before
+    vLLM PR #44297 (in 0.26.0, not in 0.23.0 nor in the Lvllmds4-x fork's 2026-06-15 base) drafts
+    after the reasoning end marker in the same step, and the bonus token after a draft the grammar
+    rejected, are sampled without the grammar (``StructuredOutputManager.grammar_bitmask``): a tool
+    call's JSON can escape it and what it says then depends on which drafts were verified, plain
+    vLLM too (H200, 0.23.0: the JSON left open at K=1 and K=3, a different call under depth
+    switching: docs/vllm.md). 0.24-0.25 are not checked and count as before. A fork counts as the
+    release it branched from."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(release).release >= (0, 26)
+    except InvalidVersion:
+        return True  # unknown: not warned about
+
+
 def missing_optional() -> list[str]:
     """Internals phasespec can do without, each with what is lost (a WARNING at startup)."""
     lost = []

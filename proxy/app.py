@@ -19,7 +19,13 @@ from fastapi import FastAPI
 
 from config import Settings
 from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
-from engine.compat import find_vllm, require_vllm, sampled_thinking_budget_holds, serving
+from engine.compat import (
+    find_vllm,
+    require_vllm,
+    sampled_thinking_budget_holds,
+    serving,
+    structured_output_follows_reasoning,
+)
 from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
 from engine.spec_stats import PHASES as PHASE_NAMES
@@ -112,6 +118,14 @@ def warn_spec_limits(engine: PhasespecLLM) -> None:
             "vLLM %s (before 0.32) with speculative decoding: a thinking budget did not hold for sampled "
             "requests on 0.23-0.31 (some end without the reasoning end string, plain vLLM too; docs/vllm.md); "
             "greedy requests are not affected",
+            release,
+        )
+    structured = getattr(engine.vllm_config, "structured_outputs_config", None)
+    if getattr(structured, "reasoning_parser", None) and not structured_output_follows_reasoning(release):
+        log.warning(
+            "vLLM %s (before 0.26) with speculative decoding and a reasoning parser: a named or required "
+            "tool call or response_format may escape its grammar after the reasoning (vLLM PR #44297 fixes "
+            "it), and what it says then depends on the drafts verified, plain vLLM too (docs/vllm.md)",
             release,
         )
     mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)

@@ -7,13 +7,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from vllm.sampling_params import SamplingParams
 
 from config import Settings
 from engine.args import apply_environment, build_vllm_namespace, hook_options, request_defaults
+from engine.compat import find_vllm, structured_output_follows_reasoning
 from engine.llm import PhasespecLLM, SpecRequest
 from engine.runtime import open_engine
 from load.workload import chat_prompt
+
+GRAMMAR_AFTER_REASONING_ESCAPES = pytest.mark.xfail(
+    not structured_output_follows_reasoning(find_vllm().version),
+    reason="vLLM before 0.26 (PR #44297) samples drafts after </think> and the bonus token after a rejected "
+    "draft without the grammar: the named call's JSON stays open until max_tokens, plain vLLM 0.23.0 too at K=1 "
+    "and K=3 (load/structured_probe.py, H200, docs/vllm.md), and what it says depends on the drafts verified, so "
+    "switching depth changes it; 0.26.0 and 0.27.1-0.32.0 close it",
+    strict=False,
+)
 
 
 def engine_context(settings: Settings | None = None) -> Any:

@@ -11,6 +11,7 @@ import pytest
 
 from engine.compat import find_vllm, sampled_thinking_budget_holds
 from load.workload import NAMED_CHOICE, PROMPT, WEATHER_TOOL
+from tests.engine_fixture import GRAMMAR_AFTER_REASONING_ESCAPES
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +67,7 @@ def test_streamed_chat_has_both_parts_and_usage_matches_tokens(client: openai.Op
     assert usage.completion_tokens == tokens
 
 
-NAMED_JSON_UNCLOSED_023 = pytest.mark.xfail(
-    find_vllm().version.startswith("0.23."),
-    reason="vLLM 0.23.0's structured output lets the embedded model write the city as a JSON string never "
-    "closed (The quick brown fox ...) until max_tokens: plain vLLM 0.23.0 does the same for this request at K=1 "
-    "and K=3 (load/structured_probe.py, H200, docs/gpu.md seventh session); 0.26.0 and 0.27.1-0.32.0 close it",
-    strict=False,
-)
-
-
-@NAMED_JSON_UNCLOSED_023
+@GRAMMAR_AFTER_REASONING_ESCAPES
 def test_named_tool_choice_returns_parsed_call(client: openai.OpenAI, model_name: str) -> None:
     response = client.chat.completions.create(
         **_chat(model_name, max_tokens=150, tools=[WEATHER_TOOL], tool_choice=NAMED_CHOICE)
@@ -85,7 +77,7 @@ def test_named_tool_choice_returns_parsed_call(client: openai.OpenAI, model_name
     assert set(json.loads(calls[0].function.arguments)) == {"city"}
 
 
-@NAMED_JSON_UNCLOSED_023
+@GRAMMAR_AFTER_REASONING_ESCAPES
 def test_named_tool_choice_streams_tool_call_deltas(client: openai.OpenAI, model_name: str) -> None:
     stream = client.chat.completions.create(
         **_chat(model_name, max_tokens=150, tools=[WEATHER_TOOL], tool_choice=NAMED_CHOICE, stream=True)

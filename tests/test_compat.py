@@ -153,6 +153,14 @@ def test_releases_before_0_32_are_flagged_for_the_sampled_thinking_budget(releas
     assert compat.sampled_thinking_budget_holds(release) is holds
 
 
+@pytest.mark.parametrize(
+    ("release", "holds"),
+    [("0.23.0", False), ("0.23.1.dev26+gcd9078fe5", False), ("0.26.0", True), ("0.32.0", True), ("fork", True)],
+)
+def test_releases_before_0_26_are_flagged_for_structured_output_after_reasoning(release: str, holds: bool) -> None:
+    assert compat.structured_output_follows_reasoning(release) is holds
+
+
 def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     def make_spec_decoding_stats(self: Any, spec_decoding_stats: Any, num_draft_tokens: Any) -> None: ...
 
