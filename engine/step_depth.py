@@ -35,12 +35,13 @@ correlated 0.6. So a window is kept over the speed the one before it showed
 (``drift_carry`` of its log ratio to its depth's time), which lets depths timed
 at different moments compare as if timed at one.
 
-Only windows that follow a window of the same depth time T(D) ("steady"); a
-window that switched depth is timed apart, and what it cost beyond the median
-steady window is the switch cost, charged to every other depth (amortized over
-``switch_horizon`` windows) when the choice weighs a switch. A depth timed only
-right after switches carries their cost in its time (its after-switch time
-stands in until a steady one exists). A depth the choice passes over is run
+Windows that follow a window of the same depth ("steady") time T(D); a window
+that switched depth is timed apart, and what it cost beyond the median steady
+window is the switch cost, charged to every other depth (amortized over
+``switch_horizon`` windows) when the choice weighs a switch. Once a depth has a
+steady time, its after-switch windows count too, less the median switch cost: a
+passed-over depth is mostly re-timed by windows that switch to it. A depth timed
+only right after switches carries their cost in its time. A depth the choice passes over is run
 again, for two windows (the second steady), once it has not run for
 K / ``explore_share`` windows of this bucket times its patience: 1 for a depth
 within ``close_gap`` (5%) of the best rate, up to ``max_patience`` (2) for one
@@ -134,12 +135,21 @@ class BucketTimes:
             [0] * (max_depth + 1),
         )
 
-    def estimates(self) -> list[float | None]:
-        """Step seconds per depth (None: not timed yet)."""
-        return [
-            typical(steady or switched) if steady or switched else None
-            for steady, switched in zip(self.steady, self.after_switch, strict=True)
-        ]
+    def estimates(self, window_steps: int = 8, with_switched: bool = True) -> list[float | None]:
+        """Step seconds per depth (None: not timed yet): the lower median of its steady windows and,
+        less the median switch cost, of the windows that switched to it (``with_switched``). A depth
+        the chooser passes over is mostly re-timed by windows that switch to it: without them its
+        time stays what its first windows read, however long ago (the eighth GPU session: depth 1 at
+        batch 3-4 priced at 23.0 ms by an old steady window while its last window, after a switch
+        that cost nothing, read 11.9; static cells 11-15)."""
+        per_step = self.switch_cost() / window_steps
+        out: list[float | None] = []
+        for steady, switched in zip(self.steady, self.after_switch, strict=True):
+            if steady and with_switched:
+                out.append(typical([*steady, *(t - per_step for t in switched)]))
+            else:
+                out.append(typical(steady or switched) if steady or switched else None)
+        return out
 
     def switch_cost(self) -> float:
         """Median extra seconds a window spent for switching depth (0 until measured)."""
@@ -167,6 +177,8 @@ class StepDepthChooser:
     """How much of the last window's speed over its depth's estimate carries into the next."""
     max_patience: float = 2.0
     """The longest a passed-over depth waits, in units of K / explore_share windows."""
+    with_switched: bool = True
+    """A depth's time includes its after-switch windows, less the switch cost (``BucketTimes.estimates``)."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -199,7 +211,7 @@ class StepDepthChooser:
         bucket = bucket_of(batch)
         table = self.bucket(bucket)
         table.windows += 1
-        estimates = table.estimates()
+        estimates = table.estimates(self.window_steps, self.with_switched)
         untimed = [d for d, t in enumerate(estimates) if t is None]
         if self.repeat is not None:
             depth, self.repeat = self.repeat, None
@@ -315,7 +327,9 @@ class StepDepthChooser:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            str(bucket): [None if t is None else round(t * 1e3, 3) for t in table.estimates()]
+            str(bucket): [
+                None if t is None else round(t * 1e3, 3) for t in table.estimates(self.window_steps, self.with_switched)
+            ]
             for bucket, table in sorted(self.times.items())
         }
 

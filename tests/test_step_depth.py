@@ -337,3 +337,17 @@ def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() 
     # with seven held, 8 tokens in 20 ms at depth 0 beat 8.75 in 24 ms.
     assert depth_for(0) == 2
     assert depth_for(7) == 0
+
+
+def test_a_passed_over_depth_is_re_timed_by_the_windows_that_switch_to_it() -> None:
+    # Depth 1 read 23 ms in its first steady window; re-run later (after a switch, which costs
+    # 1 ms a step here), it read 12. Its time is the faster of the two, less the switch cost: an
+    # old window alone no longer prices it (eighth GPU session, batch 3-4: 23.0 against 11-15 ms
+    # in static cells).
+    chooser = timed([20, 23, 30, 31])
+    table = chooser.times[4]
+    table.switch_s.append(0.001 * chooser.window_steps)
+    table.after_switch[1].append(0.013)
+    assert table.estimates(chooser.window_steps)[1] == pytest.approx(0.012)
+    assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0).depth == 1
+    assert table.estimates(chooser.window_steps, with_switched=False)[1] == pytest.approx(0.023)
