@@ -432,10 +432,13 @@ class DepthController:
         """A decode step finished: feed its time to the cost model."""
         self.cost.observe(batch, drafts, seconds, plan.instrument if plan is not None else None)
 
-    def decode_step_timed(self, plan: StepPlan, batch: int, previous_update: float, now: float) -> None:
-        """A decode step of ``plan`` finished at ``now``, the update before it at ``previous_update``."""
+    def decode_step_timed(
+        self, plan: StepPlan, batch: int, previous_update: float, now: float, tokens: int = 0
+    ) -> None:
+        """A decode step of ``plan`` finished at ``now`` with ``tokens`` new tokens, the update before
+        it at ``previous_update``."""
         if plan.step_window is not None:
-            self.step_chooser.step_finished(plan.step_window, batch, previous_update, now)
+            self.step_chooser.step_finished(plan.step_window, batch, previous_update, now, tokens)
 
     def count(self, phase: str, depth: int, tokens: int) -> None:
         window = self.window.get(phase)

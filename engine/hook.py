@@ -233,6 +233,7 @@ class DepthScheduler(Scheduler):
                 self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
                 self.controller.step_done(len(scheduled), drafted, elapsed, plan)
         before = {rid: self.requests.get(rid) for rid in scheduled}
+        step_tokens = 0
         base_started = time.perf_counter()
         result = super().update_from_output(scheduler_output, model_runner_output)
         base_s = time.perf_counter() - base_started
@@ -243,13 +244,15 @@ class DepthScheduler(Scheduler):
             for resolved in ledger.book.feed(request.output_token_ids):
                 self.controller.observe(ledger, resolved)
             new_tokens = request.num_output_tokens - ledger.tokens_seen
+            # The prefill's token arrives with the first decode step's: not this step's yield.
+            step_tokens += new_tokens - (ledger.tokens_seen == 0 and new_tokens > 0)
             ledger.tokens_seen = request.num_output_tokens
             self.controller.count(ledger.phase, ledger.verified_depth, new_tokens)
         now = time.perf_counter()
         if decode_only and plan is not None:
             # A step the worker did not go straight into (elapsed None) counts but is not timed.
             previous = self._last_update if elapsed is not None else 0.0
-            self.controller.decode_step_timed(plan, len(scheduled), previous, now)
+            self.controller.decode_step_timed(plan, len(scheduled), previous, now, step_tokens)
         self._last_update = now
         self.own_time.add(time.perf_counter() - own_started - base_s, step_done=True)
         return result

@@ -94,6 +94,10 @@ class StepWindow:
     steps_s: list[float] = field(default_factory=list)
     """Its timed steps' times."""
     planned: int = 0
+    predicted: float = 0.0
+    """Tokens a step of it was expected to yield when it was chosen (the rate's numerator)."""
+    tokens: int = 0
+    """Tokens its finished steps yielded (what the prediction is checked against)."""
     fixed: int = 0
     """Requests in its planned steps whose depth it did not set (held at a thinking budget, or
     static), summed: the batch's make-up, which the depth's time may depend on."""
@@ -189,10 +193,13 @@ class StepDepthChooser:
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
-    history: deque[tuple[int, int, bool, int, float, float, float]] = field(default_factory=lambda: deque(maxlen=256))
+    history: deque[tuple[int, int, bool, int, float, float, float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=1024)
+    )
     """The last closed windows as (bucket, depth, switched, steps in the mean, mean step seconds,
-    slowest step seconds, requests at a depth it did not set per planned step): what the
-    estimates were made from (``/phasespec/state``)."""
+    slowest step seconds, requests at a depth it did not set per planned step, tokens per step
+    expected when chosen, tokens per finished step): what the estimates were made from and how the
+    choice's token count held (``/phasespec/state``; a benchmark's whole run)."""
 
     def choose(
         self,
@@ -234,6 +241,7 @@ class StepDepthChooser:
                 depth = max(range(self.max_depth + 1), key=worth)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
+        self.current.predicted = fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
         return self.current
 
     def next_step(self) -> StepWindow | None:
@@ -276,12 +284,16 @@ class StepDepthChooser:
         tokens = fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
         return tokens / (seconds + extra_s) if seconds + extra_s > 0 else math.inf
 
-    def step_finished(self, window: StepWindow, batch: int, previous_update: float, now: float) -> None:
-        """A decode step of the window finished at ``now``; the update before it came at ``previous_update``."""
+    def step_finished(
+        self, window: StepWindow, batch: int, previous_update: float, now: float, tokens: int = 0
+    ) -> None:
+        """A decode step of the window finished at ``now`` with ``tokens`` new tokens; the update before
+        it came at ``previous_update``."""
         if window is not self.timing:
             self.close(self.timing)
             self.timing = window
         window.finished += 1
+        window.tokens += tokens
         if previous_update > 0 and bucket_of(batch) == window.bucket:
             window.steps_s.append(now - previous_update)
         if window.finished >= self.window_steps:
@@ -298,7 +310,10 @@ class StepDepthChooser:
         table = self.bucket(window.bucket)
         measured, slowest, kept = window.mean_and_slowest(self.stall_factor)
         fixed = window.fixed / window.planned if window.planned else 0.0
-        self.history.append((window.bucket, window.depth, window.switched, kept, measured, slowest, fixed))
+        realized = window.tokens / window.finished if window.finished else 0.0
+        self.history.append(
+            (window.bucket, window.depth, window.switched, kept, measured, slowest, fixed, window.predicted, realized)
+        )
         # The machine's speed drifts (consecutive windows' scatter correlates 0.6 on the H200):
         # a window is kept over the speed the window before it predicts, so depths timed at
         # different times compare as if timed at one.
@@ -335,10 +350,11 @@ class StepDepthChooser:
 
     def windows_snapshot(self) -> list[list[Any]]:
         """The last closed windows: [bucket, depth, switched, steps in the mean, mean step ms, slowest step
-        ms, requests per step at a depth the window did not set]."""
+        ms, requests per step at a depth the window did not set, tokens per step expected when chosen,
+        tokens per finished step]."""
         return [
-            [b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3), round(fixed, 2)]
-            for b, d, s, n, t, top, fixed in self.history
+            [b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3), round(fixed, 2), round(want, 2), round(got, 2)]
+            for b, d, s, n, t, top, fixed, want, got in self.history
         ]
 
     def switch_snapshot(self) -> dict[str, float]:

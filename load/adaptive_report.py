@@ -123,22 +123,30 @@ def window_table(state: dict[str, Any]) -> list[str]:
     windows = state.get("step_depth_windows") or []
     estimates = state.get("step_depth_ms") or {}
     groups: dict[tuple[int, int, bool], list[list[Any]]] = defaultdict(list)
-    for bucket, depth, switched, _steps, mean_ms, slowest_ms, *fixed in windows:
-        groups[(bucket, depth, switched)].append([mean_ms, slowest_ms, fixed[0] if fixed else None])
+    for bucket, depth, switched, _steps, mean_ms, slowest_ms, *extra in windows:
+        # Recorded since the seventh GPU session: requests at a fixed depth; since the eighth: tokens
+        # per step expected when the window was chosen, and yielded.
+        groups[(bucket, depth, switched)].append([mean_ms, slowest_ms, *extra, None, None, None][:5])
     lines = [
         "| bucket | depth | window | windows | mean step ms: median [min, max] | slowest step ms: median "
-        "| requests at a fixed depth per step: median | the depth's estimate ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| requests at a fixed depth per step: median | tokens per step expected / yielded: median "
+        "| the depth's estimate ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+
+    def median_of(values: list[Any]) -> str:
+        known = [v for v in values if v is not None]
+        return f"{statistics.median(known):.1f}" if known else "-"
+
     for (bucket, depth, switched), rows in sorted(groups.items()):
         means = [r[0] for r in rows]
-        fixed_counts = [r[2] for r in rows if r[2] is not None]  # recorded since the seventh GPU session
         estimate = (estimates.get(str(bucket)) or [None] * (depth + 1))[depth]
         lines.append(
             f"| {bucket} | {depth} | {'after a switch' if switched else 'steady'} | {len(rows)} "
             f"| {statistics.median(means):.1f} [{min(means):.1f}, {max(means):.1f}] "
             f"| {statistics.median(r[1] for r in rows):.1f} "
-            f"| {f'{statistics.median(fixed_counts):.1f}' if fixed_counts else '-'} "
+            f"| {median_of([r[2] for r in rows])} "
+            f"| {median_of([r[3] for r in rows])} / {median_of([r[4] for r in rows])} "
             f"| {'-' if estimate is None else estimate} |"
         )
     switch = state.get("step_depth_switch_ms") or {}

@@ -107,9 +107,20 @@ def scenarios_from_cells(cells: Path, concurrencies: Sequence[int], max_depth: i
 
 
 def run(
-    scenario: Scenario, noise: Noise, steps: int, seed: int, depth: int | None, held: float = 0.0, blind: bool = False
+    scenario: Scenario,
+    noise: Noise,
+    steps: int,
+    seed: int,
+    depth: int | None,
+    held: float = 0.0,
+    blind: bool = False,
+    cells: tuple[int, int] | None = None,
 ) -> float:
     """Tokens per second over ``steps`` steps: at a fixed ``depth``, or the chooser's (None).
+
+    ``cells``: (steps per cell, windows between cells) as the policy benchmark runs adaptive: cells
+    of a few hundred steps, other policies' cells in between (the noise runs on meanwhile, unseen),
+    and a first, warm-up cell whose tokens are not counted.
 
     ``held``: the share of the batch at a depth the chooser does not set (held at a thinking
     budget): the chooser sees the rest as its requests, each gaining ``gain[d] / (1 - held)`` so
@@ -127,7 +138,13 @@ def run(
     clock = tokens = 0.0
     factor = 1.0
     previous = None
-    for step in range(steps):
+    warm_up = cells[0] if cells else 0
+    for step in range(steps + warm_up):
+        if step == warm_up:
+            clock = tokens = 0.0
+        if cells and step and step % cells[0] == 0:
+            for _ in range(cells[1]):
+                next(factors)
         if step % window_steps == 0:
             factor = next(factors)
         if depth is None:
@@ -147,13 +164,19 @@ def run(
 
 
 def compare(
-    scenario: Scenario, noise: Noise, steps: int, seeds: int, held: float = 0.0, blind: bool = False
+    scenario: Scenario,
+    noise: Noise,
+    steps: int,
+    seeds: int,
+    held: float = 0.0,
+    blind: bool = False,
+    cells: tuple[int, int] | None = None,
 ) -> dict[str, float]:
     """Chooser over the best static depth (in hindsight, per seed), median and worst over seeds."""
     ratios = []
     for seed in range(seeds):
-        static = [run(scenario, noise, steps, seed, d) for d in range(len(scenario.step_ms))]
-        ratios.append(run(scenario, noise, steps, seed, None, held, blind) / max(static))
+        static = [run(scenario, noise, steps, seed, d, cells=cells) for d in range(len(scenario.step_ms))]
+        ratios.append(run(scenario, noise, steps, seed, None, held, blind, cells) / max(static))
     return {"median": statistics.median(ratios), "worst": min(ratios)}
 
 
@@ -166,6 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--held", type=float, default=0.0, help="share of the batch held at depth 0 (thinking budget)")
     parser.add_argument("--blind", action="store_true", help="the chooser does not count held requests' tokens")
+    parser.add_argument(
+        "--bench-cells",
+        default=None,
+        help="STEPS,GAP: as the policy benchmark runs adaptive, in cells of STEPS steps with GAP windows "
+        "of other policies between them, after one uncounted warm-up cell",
+    )
     cfg = parser.parse_args(argv)
     noise = Noise.from_windows(json.loads((cfg.run / "controller.json").read_text())["step_depth_windows"])
     print(
@@ -181,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     cells = cfg.cells or cfg.run / "cells.csv"
     for scenario in scenarios_from_cells(cells, [int(c) for c in cfg.concurrency.split(",")]):
         for steps in (int(s) for s in cfg.steps.split(",")):
-            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind)
+            cells_arg = tuple(int(v) for v in cfg.bench_cells.split(",")) if cfg.bench_cells else None
+            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind, cells_arg)  # type: ignore[arg-type]
             print(
                 f"| {scenario.name} | {', '.join(f'{m:.1f}' for m in scenario.step_ms)} | "
                 f"{', '.join(f'{t:.3f}' for t in scenario.tokens)} | {steps} | "

@@ -53,11 +53,13 @@ def test_the_window_table_shows_a_depth_known_from_one_stalled_window() -> None:
 
     state = {
         "step_depth_windows": [[4, 0, True, 8, 36.2, 149.0]]  # as written before the fixed-request count
-        + [[4, 1, False, 8, 12.0 + i, 15.0, 2.0 * i] for i in range(3)],
-        "step_depth_ms": {"4": [36.2, 13.0, None, None]},
+        + [[4, 1, False, 8, 12.0 + i, 15.0, 2.0 * i] for i in range(3)]  # ... before the token counts
+        + [[4, 2, False, 8, 20.0, 21.0, 0.0, 30.5, 24.0]],
+        "step_depth_ms": {"4": [36.2, 13.0, 20.0, None]},
         "step_depth_switch_ms": {"4": 42.4},
     }
     lines = window_table(state)
-    assert "| 4 | 0 | after a switch | 1 | 36.2 [36.2, 36.2] | 149.0 | - | 36.2 |" in lines
-    assert "| 4 | 1 | steady | 3 | 13.0 [12.0, 14.0] | 15.0 | 2.0 | 13.0 |" in lines
+    assert "| 4 | 0 | after a switch | 1 | 36.2 [36.2, 36.2] | 149.0 | - | - / - | 36.2 |" in lines
+    assert "| 4 | 1 | steady | 3 | 13.0 [12.0, 14.0] | 15.0 | 2.0 | - / - | 13.0 |" in lines
+    assert "| 4 | 2 | steady | 1 | 20.0 [20.0, 20.0] | 21.0 | 0.0 | 30.5 / 24.0 | 20.0 |" in lines
     assert lines[-1].endswith('{"4": 42.4}')

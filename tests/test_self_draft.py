@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from config import Settings
+from engine.cost_model import bucket_of
 from engine.llm import PhasespecLLM, SpecRequest
 from load.workload import copy_prompt
 from tests.engine_fixture import counted_and_vllm_growth, engine_context, max_drafted, run
@@ -127,5 +128,12 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
             engine, copy_prompt(i), f"sd-adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"), 64, 40
         )
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
-    tables = (await engine.controller_state())["step_depth_ms"]
+    state = await engine.controller_state()
+    tables = state["step_depth_ms"]
     assert any(all(ms is not None and ms > 0 for ms in table) for table in tables.values()), tables
+    # One request at a time: a window's steps yield 1 to 1 + depth tokens each, as its choice expected.
+    windows = [w for w in state["step_depth_windows"] if w[0] == bucket_of(1)]
+    assert windows
+    odd = [w for w in windows if not (1 <= w[7] <= 1 + w[1] and 0 < w[8] <= 1 + w[1])]
+    assert not odd, str(odd)
+    assert any(w[8] > 1 for w in windows if w[1] > 0), "accepted drafts reach the windows' token counts"

@@ -351,3 +351,20 @@ def test_a_passed_over_depth_is_re_timed_by_the_windows_that_switch_to_it() -> N
     assert table.estimates(chooser.window_steps)[1] == pytest.approx(0.012)
     assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0).depth == 1
     assert table.estimates(chooser.window_steps, with_switched=False)[1] == pytest.approx(0.023)
+
+
+def test_a_window_records_the_tokens_its_choice_expected_and_what_its_steps_yielded() -> None:
+    # What the next GPU run needs to tell a misread time from a misread yield: per window, the
+    # tokens per step the choice counted on (two requests at STRONG, one held) and those that came.
+    chooser = timed([20, 21, 22, 23])
+    clock = 1.0
+    window = chooser.choose(3, [STRONG, STRONG], [K, 1], explore_share=0.0, fixed_tokens=1.0)
+    while window.finished < chooser.window_steps:
+        if window.finished:
+            assert chooser.choose(3, [STRONG, STRONG], [K, 1], explore_share=0.0, fixed_tokens=1.0) is window
+        chooser.step_finished(window, 3, clock, clock + 0.02, tokens=4)
+        clock += 0.02
+    assert window.depth == 3
+    (row,) = chooser.windows_snapshot()
+    assert row[7] == pytest.approx(1 + (1 + STRONG[3]) + (1 + STRONG[1]), abs=0.01)
+    assert row[8] == 4.0
