@@ -18,16 +18,16 @@ E_i is the request's expected accepted drafts (the controller's estimates); F th
 expected tokens of the batch's requests at a depth the window does not set (held
 at a thinking budget: 1 each), which every depth's T(D) includes. A
 depth not yet timed at this batch size is tried first, for two windows. T(D) is
-the lower median over the depth's last 16 windows at this batch size of each
-window's mean step time (each step from the update before it to its own, over
+the median (the faster, of two) over the depth's last 16 windows at this batch
+size of each window's mean step time (each step from the update before it to its own, over
 the steps the worker went straight into: an idle gap before a step is not its
 cost; a step over 4x the mean of the window's other steps is a stall, left
 out). A window's mean, not each step's own time: under async scheduling the
 engine core's updates can arrive in bunches (a delayed one, then its successor
 at once), which moves time between neighbouring steps but not out of a window
 (per-step times read 0.6 ms for a batch-1 step that takes over 10 ms on the
-H200: docs/gpu.md). The lower median over windows keeps one slow window (a
-pause, prefills next door) from pricing a depth out, even when it is one of two.
+H200: docs/gpu.md). The median over windows keeps one slow window (a pause,
+prefills next door) from pricing a depth out, even when it is one of two.
 
 The machine's speed drifts: on the H200 machines a window's mean scattered
 0.84-1.35x its depth's median (10th-90th percentile) and consecutive windows
@@ -49,7 +49,7 @@ further below (re-running a clearly worse depth costs its gap and rarely changes
 the choice). On the H200 the depths the chooser rarely ran read 43-75% above
 what static cells measured, and a depth's first window at a batch size held one
 step of 96-149 ms (docs/gpu.md): hence two windows for a new depth, the stall
-rule and the lower median. ``load/chooser_sim.py`` replays these rules against
+rule and the faster of two windows. ``load/chooser_sim.py`` replays these rules against
 step times drawn from a GPU run's measured scatter (a simulation, docs/gpu.md).
 """
 
@@ -67,16 +67,18 @@ from engine.cost_model import bucket_of
 
 
 def typical(window_means: Sequence[float]) -> float:
-    """A depth's step time from its windows' means: their lower median.
+    """A depth's step time from its windows' means: the faster of one or two, the median of more.
 
-    Not the median: of two windows it is their mean, so one stalled window
-    prices a rarely-run depth out until it is explored again, 60 windows later
-    (on the H200 depth 1 read 31.2 ms at batch 9-16 against 11.1 ms in static
-    cells, from windows not kept then). The lower median of two is the faster
-    one; of eight, the fourth fastest. Window means are noisy upward (stalls,
-    prefills next door) far more than downward, so erring low only makes the
-    chooser re-check a depth sooner."""
-    return statistics.median_low(window_means)
+    Not the mean of two: one stalled window would price a rarely-run depth out until it is
+    explored again, 60 windows later (on the H200 depth 1 read 31.2 ms at batch 9-16 against
+    11.1 ms in static cells, from windows not kept then). From three on the median: the lower
+    median of many sits below the depth's usual time, and the incumbent, timed by many windows,
+    then loses to a challenger timed by few (replayed against the seventh and eighth GPU sessions'
+    scatter, ``load/chooser_sim.py``: medians equal or up to 1.3% higher, worst seeds equal or
+    higher)."""
+    if len(window_means) <= 2:
+        return min(window_means)
+    return statistics.median(window_means)
 
 
 @dataclass(slots=True)
@@ -140,7 +142,7 @@ class BucketTimes:
         )
 
     def estimates(self, window_steps: int = 8, with_switched: bool = True) -> list[float | None]:
-        """Step seconds per depth (None: not timed yet): the lower median of its steady windows and,
+        """Step seconds per depth (None: not timed yet): ``typical`` of its steady windows and,
         less the median switch cost, of the windows that switched to it (``with_switched``). A depth
         the chooser passes over is mostly re-timed by windows that switch to it: without them its
         time stays what its first windows read, however long ago (the eighth GPU session: depth 1 at
@@ -169,7 +171,7 @@ class StepDepthChooser:
     async scheduling a step is scheduled while the one before it runs, so only consecutive
     updates time it)."""
     memory: int = 16
-    """Window means kept per depth and bucket; their lower median is the depth's step time."""
+    """Window means kept per depth and bucket; their ``typical`` is the depth's step time."""
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
     switch_horizon: int = 4
@@ -325,8 +327,8 @@ class StepDepthChooser:
             steady.append(mean)
             return
         if steady:
-            # Against the median, not the lower median: below it a switch would absorb the
-            # ordinary scatter of windows (the lower median sits under half of them).
+            # Against the median, not a lower one: below it a switch would absorb the ordinary
+            # scatter of windows.
             table.switch_s.append((mean - statistics.median(steady)) * kept)
         table.after_switch[window.depth].append(mean)
 
