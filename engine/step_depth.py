@@ -243,7 +243,7 @@ class StepDepthChooser:
                 depth = max(range(self.max_depth + 1), key=worth)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
-        self.current.predicted = fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
+        self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens)
         return self.current
 
     def next_step(self) -> StepWindow | None:
@@ -283,8 +283,14 @@ class StepDepthChooser:
         ``fixed_tokens`` a step from requests whose depth it does not set."""
         seconds = table[depth]
         assert seconds is not None
-        tokens = fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
+        tokens = StepDepthChooser.tokens_at(depth, gains, caps, fixed_tokens)
         return tokens / (seconds + extra_s) if seconds + extra_s > 0 else math.inf
+
+    @staticmethod
+    def tokens_at(depth: int, gains: Sequence[Sequence[float]], caps: Sequence[int], fixed_tokens: float) -> float:
+        """Expected tokens of a step at ``depth``: each request's 1 + E(min(cap, depth)), plus those of the
+        requests whose depth the window does not set."""
+        return fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
 
     def step_finished(
         self, window: StepWindow, batch: int, previous_update: float, now: float, tokens: int = 0
