@@ -476,6 +476,6 @@ class DepthController:
             "shadow_disagreed": self.shadow_disagreed,
             "by_verified_depth": by_verified,
             "step_depth_ms": self.step_chooser.snapshot() if self.settings.step_depth else None,
-            "step_depth_switch_ms": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
+            "step_depth_switch_share": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
             "step_depth_windows": self.step_chooser.windows_snapshot() if self.settings.step_depth else None,
         }

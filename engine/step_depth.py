@@ -16,41 +16,34 @@ expected tokens per second, every adaptive request verifying min(cap, D):
 
 E_i is the request's expected accepted drafts (the controller's estimates); F the
 expected tokens of the batch's requests at a depth the window does not set (held
-at a thinking budget: 1 each), which every depth's T(D) includes. A
-depth not yet timed at this batch size is tried first, for two windows. T(D) is
-the median (the faster, of two) over the depth's last 16 windows at this batch
-size of each window's mean step time (each step from the update before it to its own, over
-the steps the worker went straight into: an idle gap before a step is not its
-cost; a step over 4x the mean of the window's other steps is a stall, left
-out). A window's mean, not each step's own time: under async scheduling the
-engine core's updates can arrive in bunches (a delayed one, then its successor
-at once), which moves time between neighbouring steps but not out of a window
-(per-step times read 0.6 ms for a batch-1 step that takes over 10 ms on the
-H200: docs/gpu.md). The median over windows keeps one slow window (a pause,
-prefills next door) from pricing a depth out, even when it is one of two.
+at a thinking budget: 1 each), which every depth's T(D) includes.
 
-The machine's speed drifts: on the H200 machines a window's mean scattered
-0.84-1.35x its depth's median (10th-90th percentile) and consecutive windows
-correlated 0.6. So a window is kept over the speed the one before it showed
-(``drift_carry`` of its log ratio to its depth's time), which lets depths timed
-at different moments compare as if timed at one.
+T(D) comes from windows compared with their neighbours, never from windows far
+apart in time. A window's time is its mean step time (each step from the update
+before it to its own, over the steps the worker went straight into; a step over
+4x the mean of the window's other steps is a stall, left out): under async
+scheduling updates arrive in bunches, which moves time between neighbouring
+steps but not out of a window. The machine's speed drifts more than depths
+differ (eighth GPU session: window means 0.77-1.52x their depth's median,
+consecutive windows correlated 0.83, a warm-up period twice as slow), so a depth
+timed minutes ago and one timed now cannot be compared: when the chooser kept
+each depth's own windows, a depth passed over stayed priced by its first,
+slow windows (batch 1: depths 0-2 at 23.9-27.8 ms against 11.8-15.7 in static
+cells) and the chooser ran the wrong depth for whole benchmarks. Instead each
+window that directly follows a window of another depth at the same bucket gives
+one pair, the log ratio of their times, in which the machine's speed cancels
+(``BucketTimes``): the depths' relative times are a least-squares fit to the
+pairs' medians, the level comes from the last windows. A switch's own cost
+lands in each pair's second window; a depth explored and left again gives pairs
+both ways, whose mean cancels it and a steady trend.
 
-Windows that follow a window of the same depth ("steady") time T(D); a window
-that switched depth is timed apart, and what it cost beyond the median steady
-window is the switch cost, charged to every other depth (amortized over
-``switch_horizon`` windows) when the choice weighs a switch. Once a depth has a
-steady time, its after-switch windows count too, less the median switch cost: a
-passed-over depth is mostly re-timed by windows that switch to it. A depth timed
-only right after switches carries their cost in its time. A depth the choice passes over is run
-again, for two windows (the second steady), once it has not run for
+A depth not yet linked to the others at this batch size is tried first, for two
+windows (its first steps at a bucket pay one-time costs). A depth the choice
+passes over is run again, for two windows, once it has not run for
 K / ``explore_share`` windows of this bucket times its patience: 1 for a depth
 within ``close_gap`` (5%) of the best rate, up to ``max_patience`` (2) for one
-further below (re-running a clearly worse depth costs its gap and rarely changes
-the choice). On the H200 the depths the chooser rarely ran read 43-75% above
-what static cells measured, and a depth's first window at a batch size held one
-step of 96-149 ms (docs/gpu.md): hence two windows for a new depth, the stall
-rule and the faster of two windows. ``load/chooser_sim.py`` replays these rules against
-step times drawn from a GPU run's measured scatter (a simulation, docs/gpu.md).
+further below. ``load/chooser_sim.py`` replays these rules against step times
+drawn from a GPU run's measured scatter (a simulation, docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -103,6 +96,10 @@ class StepWindow:
     fixed: int = 0
     """Requests in its planned steps whose depth it did not set (held at a thinking budget, or
     static), summed: the batch's make-up, which the depth's time may depend on."""
+    started: float = 0.0
+    """When its first finished step began (the update before it), 0 until known."""
+    ended: float = 0.0
+    """When its last finished step ended."""
     closed: bool = False
 
     def mean_and_slowest(self, stall_factor: float) -> tuple[float, float, int]:
@@ -117,49 +114,91 @@ class StepWindow:
 
 @dataclass(slots=True)
 class BucketTimes:
-    """Step times at one bucket of batch sizes: per depth, the mean step time of its last windows
-    that followed a window of the same depth (``steady``) and of those that switched to it
-    (``after_switch``, used until a steady one exists); the extra time a switch cost; and when
-    each depth last got a window."""
+    """Step times at one bucket of batch sizes, from pairs of neighbouring windows.
 
-    steady: list[deque[float]]
-    after_switch: list[deque[float]]
-    switch_s: deque[float]
+    ``pairs[(a, b)]``: log(time of a window at depth b / time of the window at depth a right
+    before it), the last ``memory`` of them. Depth b's time relative to depth a is the median
+    of the (a, b) pairs, less the median of the (b, a) pairs, halved, when both exist: a switch's
+    extra cost is in both directions' second window and cancels, and so does a steady trend;
+    with one direction only, the switch's cost is counted against the depth switched to."""
+
+    pairs: dict[tuple[int, int], deque[float]]
+    recent: deque[tuple[int, float]]
+    """(depth, log mean step seconds) of the last windows kept: the level."""
     last_window: list[int]
+    """When (in windows of this bucket) each depth last got a window."""
+    memory: int
     windows: int = 0
     """Windows chosen at this bucket so far."""
-    drift: float = 0.0
-    """Log of how much slower than its depth's estimate the last kept window ran."""
 
     @classmethod
     def empty(cls, max_depth: int, memory: int) -> BucketTimes:
-        depths = range(max_depth + 1)
-        return cls(
-            [deque(maxlen=memory) for _ in depths],
-            [deque(maxlen=memory) for _ in depths],
-            deque(maxlen=memory),
-            [0] * (max_depth + 1),
-        )
+        return cls({}, deque(maxlen=memory), [0] * (max_depth + 1), memory)
 
-    def estimates(self, window_steps: int = 8, with_switched: bool = True) -> list[float | None]:
-        """Step seconds per depth (None: not timed yet): ``typical`` of its steady windows and,
-        less the median switch cost, of the windows that switched to it (``with_switched``). A depth
-        the chooser passes over is mostly re-timed by windows that switch to it: without them its
-        time stays what its first windows read, however long ago (the eighth GPU session: depth 1 at
-        batch 3-4 priced at 23.0 ms by an old steady window while its last window, after a switch
-        that cost nothing, read 11.9; static cells 11-15)."""
-        per_step = self.switch_cost() / window_steps
-        out: list[float | None] = []
-        for steady, switched in zip(self.steady, self.after_switch, strict=True):
-            if steady and with_switched:
-                out.append(typical([*steady, *(t - per_step for t in switched)]))
-            else:
-                out.append(typical(steady or switched) if steady or switched else None)
+    def add(self, depth: int, seconds: float, before: int | None) -> None:
+        """A window's mean step time; ``before``: the depth of the window right before it in time,
+        when that one was kept at this bucket too."""
+        log_s = math.log(seconds)
+        if before is not None and before != depth and self.recent:
+            pairs = self.pairs.get((before, depth))
+            if pairs is None:
+                pairs = self.pairs[(before, depth)] = deque(maxlen=self.memory)
+            pairs.append(log_s - self.recent[-1][1])
+        self.recent.append((depth, log_s))
+
+    def links(self) -> dict[tuple[int, int], tuple[float, int]]:
+        """(a, b) with a < b -> (log time of b over a, samples), from the pairs both ways."""
+        out: dict[tuple[int, int], tuple[float, int]] = {}
+        for a, b in {(min(k), max(k)) for k in self.pairs}:
+            there, back = self.pairs.get((a, b)), self.pairs.get((b, a))
+            if there and back:
+                out[(a, b)] = ((statistics.median(there) - statistics.median(back)) / 2, len(there) + len(back))
+            elif there:
+                out[(a, b)] = (statistics.median(there), len(there))
+            elif back:
+                out[(a, b)] = (-statistics.median(back), len(back))
         return out
 
-    def switch_cost(self) -> float:
-        """Median extra seconds a window spent for switching depth (0 until measured)."""
-        return max(statistics.median(self.switch_s), 0.0) if self.switch_s else 0.0
+    def relative(self) -> dict[int, float]:
+        """Log step time of each depth the pairs link to the last window's depth, over that depth's:
+        a least-squares fit to the links, by Gauss-Seidel sweeps from a spanning tree."""
+        if not self.recent:
+            return {}
+        neighbours: dict[int, list[tuple[int, float, int]]] = {}
+        for (a, b), (ratio, n) in self.links().items():
+            neighbours.setdefault(a, []).append((b, ratio, n))
+            neighbours.setdefault(b, []).append((a, -ratio, n))
+        anchor = self.recent[-1][0]
+        theta = {anchor: 0.0}
+        order = [anchor]
+        for d in order:  # breadth first: the spanning tree's first guess
+            for other, ratio, _ in neighbours.get(d, []):
+                if other not in theta:
+                    theta[other] = theta[d] + ratio
+                    order.append(other)
+        for _ in range(20 * len(order) if len(order) > 2 else 0):  # a loop in the links: fit them all
+            for d in order[1:]:
+                near = neighbours[d]
+                theta[d] = sum(n * (theta[o] - ratio) for o, ratio, n in near) / sum(n for _, _, n in near)
+        return theta
+
+    def estimates(self) -> list[float | None]:
+        """Step seconds per depth (None: not linked to the last window's depth yet): the relative
+        times at the level of the last windows (the median of their times over their depths')."""
+        theta = self.relative()
+        levels = [log_s - theta[d] for d, log_s in self.recent if d in theta]
+        level = statistics.median(levels) if levels else 0.0
+        return [math.exp(level + theta[d]) if d in theta else None for d in range(len(self.last_window))]
+
+    def switch_share(self) -> float | None:
+        """What a switch adds to a window's time, as a share (median over depth pairs run both
+        ways; None until one is)."""
+        both = [
+            (statistics.median(there) + statistics.median(back)) / 2
+            for (a, b), there in self.pairs.items()
+            if a < b and (back := self.pairs.get((b, a)))
+        ]
+        return math.exp(statistics.median(both)) - 1 if both else None
 
 
 @dataclass(slots=True)
@@ -171,20 +210,14 @@ class StepDepthChooser:
     async scheduling a step is scheduled while the one before it runs, so only consecutive
     updates time it)."""
     memory: int = 16
-    """Window means kept per depth and bucket; their ``typical`` is the depth's step time."""
+    """Pairs kept per (depth, depth) and bucket, and windows the level is read from."""
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
-    switch_horizon: int = 4
-    """Windows a switch is amortized over when weighing it."""
     close_gap: float = 0.05
     """A passed-over depth within this share of the best rate is re-run every K / explore_share
     windows; one further below waits proportionally longer."""
-    drift_carry: float = 0.3
-    """How much of the last window's speed over its depth's estimate carries into the next."""
     max_patience: float = 2.0
     """The longest a passed-over depth waits, in units of K / explore_share windows."""
-    with_switched: bool = True
-    """A depth's time includes its after-switch windows, less the switch cost (``BucketTimes.estimates``)."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -193,6 +226,8 @@ class StepDepthChooser:
     current: StepWindow | None = None
     timing: StepWindow | None = None
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
+    kept: StepWindow | None = None
+    """The last window kept, when nothing came between it and the next one (a pair's first half)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
     history: deque[tuple[int, int, bool, int, float, float, float, float, float]] = field(
@@ -220,27 +255,21 @@ class StepDepthChooser:
         bucket = bucket_of(batch)
         table = self.bucket(bucket)
         table.windows += 1
-        estimates = table.estimates(self.window_steps, self.with_switched)
+        estimates = table.estimates()
         untimed = [d for d, t in enumerate(estimates) if t is None]
         if self.repeat is not None:
             depth, self.repeat = self.repeat, None
         elif untimed:
-            # Two windows, the second timed steady: a depth's first steps at a batch size
-            # pay one-time costs (H200: single steps of 96-149 ms against ~12).
+            # Two windows: a depth's first steps at a batch size pay one-time costs (H200: single
+            # steps of 96-149 ms against ~12), and the second is the pair's first half for the next.
             depth = self.repeat = self.rng.choice(untimed)
         else:
-            # A switch is paid once and the new depth kept for windows: amortized over a few.
-            switch_s = table.switch_cost() / (self.window_steps * self.switch_horizon)
-            rates = [self.rate(d, estimates, gains, caps, fixed_tokens=fixed_tokens) for d in range(self.max_depth + 1)]
+            rates = [self.rate(d, estimates, gains, caps, fixed_tokens) for d in range(self.max_depth + 1)]
             stale = self.stale(table, rates, explore_share)
             if stale is not None:
                 depth = self.repeat = stale
             else:
-
-                def worth(d: int) -> float:
-                    return self.rate(d, estimates, gains, caps, 0.0 if d == previous else switch_s, fixed_tokens)
-
-                depth = max(range(self.max_depth + 1), key=worth)
+                depth = max(range(self.max_depth + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
         self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens)
@@ -263,8 +292,7 @@ class StepDepthChooser:
         best = max(rates)
         due = []
         for d, rate in enumerate(rates):
-            # A depth timed only after switches carries their cost: not judged by its gap.
-            gap = 1 - rate / best if best > 0 and table.steady[d] else 0.0
+            gap = 1 - rate / best if best > 0 else 0.0
             patience = min(max(1.0, gap / self.close_gap), self.max_patience)
             if table.windows - table.last_window[d] > self.max_depth / explore_share * patience:
                 due.append((table.last_window[d], d))
@@ -276,15 +304,14 @@ class StepDepthChooser:
         table: Sequence[float | None],
         gains: Sequence[Sequence[float]],
         caps: Sequence[int],
-        extra_s: float = 0.0,
         fixed_tokens: float = 0.0,
     ) -> float:
-        """Expected tokens per second at ``depth``, each step costing ``extra_s`` more (a switch), with
-        ``fixed_tokens`` a step from requests whose depth it does not set."""
+        """Expected tokens per second at ``depth``, with ``fixed_tokens`` a step from requests whose
+        depth it does not set."""
         seconds = table[depth]
         assert seconds is not None
         tokens = StepDepthChooser.tokens_at(depth, gains, caps, fixed_tokens)
-        return tokens / (seconds + extra_s) if seconds + extra_s > 0 else math.inf
+        return tokens / seconds if seconds > 0 else math.inf
 
     @staticmethod
     def tokens_at(depth: int, gains: Sequence[Sequence[float]], caps: Sequence[int], fixed_tokens: float) -> float:
@@ -296,47 +323,43 @@ class StepDepthChooser:
         self, window: StepWindow, batch: int, previous_update: float, now: float, tokens: int = 0
     ) -> None:
         """A decode step of the window finished at ``now`` with ``tokens`` new tokens; the update before
-        it came at ``previous_update``."""
+        it came at ``previous_update`` (0: the worker did not go straight into it, so it is not timed)."""
         if window is not self.timing:
             self.close(self.timing)
             self.timing = window
+        if not window.finished:
+            window.started = previous_update or now
         window.finished += 1
         window.tokens += tokens
+        window.ended = now
         if previous_update > 0 and bucket_of(batch) == window.bucket:
             window.steps_s.append(now - previous_update)
         if window.finished >= self.window_steps:
             self.close(window)
 
     def close(self, window: StepWindow | None) -> None:
-        """Keep a finished window's time (once): a steady window's mean step time; a switching
-        one's mean while its depth has no steady time, and what the switch cost over it."""
+        """Keep a finished window's mean step time (once), paired with the window before it when
+        that one was kept at the same bucket and ended no longer ago than this one lasted (other
+        policies' requests, or none, may run between two adaptive windows)."""
         if window is None or window.closed:
             return
         window.closed = True
+        before, self.kept = self.kept, None
         if len(window.steps_s) < self.min_timed:
             return
-        table = self.bucket(window.bucket)
         measured, slowest, kept = window.mean_and_slowest(self.stall_factor)
         fixed = window.fixed / window.planned if window.planned else 0.0
         realized = window.tokens / window.finished if window.finished else 0.0
         self.history.append(
             (window.bucket, window.depth, window.switched, kept, measured, slowest, fixed, window.predicted, realized)
         )
-        # The machine's speed drifts (consecutive windows' scatter correlates 0.6 on the H200):
-        # a window is kept over the speed the window before it predicts, so depths timed at
-        # different times compare as if timed at one.
-        mean = measured / math.exp(self.drift_carry * table.drift)
-        steady = table.steady[window.depth]
-        if not window.switched:
-            if steady:  # only a steady window tells the machine's speed: a switch adds its own cost
-                table.drift = math.log(measured / typical(steady))
-            steady.append(mean)
-            return
-        if steady:
-            # Against the median, not a lower one: below it a switch would absorb the ordinary
-            # scatter of windows.
-            table.switch_s.append((mean - statistics.median(steady)) * kept)
-        table.after_switch[window.depth].append(mean)
+        adjacent = (
+            before is not None
+            and before.bucket == window.bucket
+            and window.started - before.ended <= window.ended - window.started
+        )
+        self.bucket(window.bucket).add(window.depth, measured, before.depth if adjacent and before else None)
+        self.kept = window
 
     def bucket(self, bucket: int) -> BucketTimes:
         table = self.times.get(bucket)
@@ -345,14 +368,13 @@ class StepDepthChooser:
         return table
 
     def observe(self, bucket: int, depth: int, seconds: float) -> None:
-        """A steady window's mean step time."""
-        self.bucket(bucket).steady[depth].append(seconds)
+        """A window's mean step time, right after the last one observed at ``bucket`` (tests)."""
+        table = self.bucket(bucket)
+        table.add(depth, seconds, table.recent[-1][0] if table.recent else None)
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            str(bucket): [
-                None if t is None else round(t * 1e3, 3) for t in table.estimates(self.window_steps, self.with_switched)
-            ]
+            str(bucket): [None if t is None else round(t * 1e3, 3) for t in table.estimates()]
             for bucket, table in sorted(self.times.items())
         }
 
@@ -365,6 +387,9 @@ class StepDepthChooser:
             for b, d, s, n, t, top, fixed, want, got in self.history
         ]
 
-    def switch_snapshot(self) -> dict[str, float]:
-        """Per bucket, the measured extra ms a window pays for switching depth."""
-        return {str(bucket): round(table.switch_cost() * 1e3, 3) for bucket, table in sorted(self.times.items())}
+    def switch_snapshot(self) -> dict[str, float | None]:
+        """Per bucket, what a switch of depth adds to a window's time, as a share."""
+        return {
+            str(bucket): None if (share := table.switch_share()) is None else round(share, 4)
+            for bucket, table in sorted(self.times.items())
+        }

@@ -149,9 +149,13 @@ def window_table(state: dict[str, Any]) -> list[str]:
             f"| {median_of([r[3] for r in rows])} / {median_of([r[4] for r in rows])} "
             f"| {'-' if estimate is None else estimate} |"
         )
-    switch = state.get("step_depth_switch_ms") or {}
     lines.append("")
-    lines.append("Switch cost per window, ms, by bucket: " + json.dumps(switch))
+    if "step_depth_switch_share" in state:  # since the ninth GPU session: from pairs of windows
+        share = state.get("step_depth_switch_share") or {}
+        lines.append("What a switch adds to a window's time, share, by bucket: " + json.dumps(share))
+    else:
+        switch = state.get("step_depth_switch_ms") or {}
+        lines.append("Switch cost per window, ms, by bucket: " + json.dumps(switch))
     return lines
 
 

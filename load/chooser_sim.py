@@ -115,8 +115,13 @@ def run(
     held: float = 0.0,
     blind: bool = False,
     cells: tuple[int, int] | None = None,
+    slow_start: tuple[float, int] = (1.0, 0),
 ) -> float:
     """Tokens per second over ``steps`` steps: at a fixed ``depth``, or the chooser's (None).
+
+    ``slow_start``: (F, W): the first window runs F times slower, the slowness fading linearly over
+    W windows (a host's warm-up: the eighth GPU session's first cell ran at half the speed of the
+    later ones).
 
     ``cells``: (steps per cell, windows between cells) as the policy benchmark runs adaptive: cells
     of a few hundred steps, other policies' cells in between (the noise runs on meanwhile, unseen),
@@ -146,7 +151,8 @@ def run(
             for _ in range(cells[1]):
                 next(factors)
         if step % window_steps == 0:
-            factor = next(factors)
+            f, fade = slow_start
+            factor = next(factors) * (1 + (f - 1) * max(0.0, 1 - step / window_steps / fade) if fade else 1.0)
         if depth is None:
             window = chooser.choose(scenario.batch, gains, caps, explore_share=0.05, fixed_tokens=fixed_tokens)
             d = window.depth
@@ -171,12 +177,16 @@ def compare(
     held: float = 0.0,
     blind: bool = False,
     cells: tuple[int, int] | None = None,
+    slow_start: tuple[float, int] = (1.0, 0),
 ) -> dict[str, float]:
     """Chooser over the best static depth (in hindsight, per seed), median and worst over seeds."""
     ratios = []
     for seed in range(seeds):
-        static = [run(scenario, noise, steps, seed, d, cells=cells) for d in range(len(scenario.step_ms))]
-        ratios.append(run(scenario, noise, steps, seed, None, held, blind, cells) / max(static))
+        static = [
+            run(scenario, noise, steps, seed, d, cells=cells, slow_start=slow_start)
+            for d in range(len(scenario.step_ms))
+        ]
+        ratios.append(run(scenario, noise, steps, seed, None, held, blind, cells, slow_start) / max(static))
     return {"median": statistics.median(ratios), "worst": min(ratios)}
 
 
@@ -195,6 +205,11 @@ def main(argv: list[str] | None = None) -> None:
         help="STEPS,GAP: as the policy benchmark runs adaptive, in cells of STEPS steps with GAP windows "
         "of other policies between them, after one uncounted warm-up cell",
     )
+    parser.add_argument(
+        "--slow-start",
+        default="1,0",
+        help="F,W: the first window F times slower, fading over W windows (a host's warm-up)",
+    )
     cfg = parser.parse_args(argv)
     noise = Noise.from_windows(json.loads((cfg.run / "controller.json").read_text())["step_depth_windows"])
     print(
@@ -212,9 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.bench_cells:
         cell_steps, gap = (int(v) for v in cfg.bench_cells.split(","))
         bench_cells = (cell_steps, gap)
+    f, fade = cfg.slow_start.split(",")
+    slow_start = (float(f), int(fade))
     for scenario in scenarios_from_cells(cells, [int(c) for c in cfg.concurrency.split(",")]):
         for steps in (int(s) for s in cfg.steps.split(",")):
-            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind, bench_cells)
+            result = compare(scenario, noise, steps, cfg.seeds, cfg.held, cfg.blind, bench_cells, slow_start)
             print(
                 f"| {scenario.name} | {', '.join(f'{m:.1f}' for m in scenario.step_ms)} | "
                 f"{', '.join(f'{t:.3f}' for t in scenario.tokens)} | {steps} | "

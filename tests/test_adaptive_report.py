@@ -63,3 +63,5 @@ def test_the_window_table_shows_a_depth_known_from_one_stalled_window() -> None:
     assert "| 4 | 1 | steady | 3 | 13.0 [12.0, 14.0] | 15.0 | 2.0 | - / - | 13.0 |" in lines
     assert "| 4 | 2 | steady | 1 | 20.0 [20.0, 20.0] | 21.0 | 0.0 | 30.5 / 24.0 | 20.0 |" in lines
     assert lines[-1].endswith('{"4": 42.4}')
+    shares = window_table({**state, "step_depth_switch_share": {"4": 0.05}})
+    assert shares[-1] == 'What a switch adds to a window\'s time, share, by bucket: {"4": 0.05}'

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -24,6 +23,11 @@ def timed(times_ms: list[float], bucket: int = 4) -> StepDepthChooser:
     for depth, ms in enumerate(times_ms):
         chooser.observe(bucket, depth, ms / 1e3)
     return chooser
+
+
+def known(estimates: list[float | None]) -> list[float]:
+    """The estimates of the depths timed so far."""
+    return [t for t in estimates if t is not None]
 
 
 def run_window(chooser: StepDepthChooser, batch: int, gains: list[float], clock: list[float], ms: float) -> int:
@@ -97,49 +101,54 @@ def finish_window(
         clock[0] += ms / 1e3
 
 
-def test_a_window_keeps_its_depth_and_a_switch_prices_the_switch_not_the_depth() -> None:
+def test_a_window_keeps_its_depth_for_its_steps() -> None:
     chooser = timed([21, 30, 31, 32])
     clock = [10.0]
     first = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
-    assert first.depth == 0 and first.switched
-    chooser.step_finished(first, 16, clock[0], clock[0] + 0.060)  # the switch: one slow step
-    clock[0] += 0.060
-    for _ in range(1, chooser.window_steps):
-        assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is first
+    assert first.depth == 0
+    for _ in range(chooser.window_steps):
+        if first.finished:
+            assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0) is first
         chooser.step_finished(first, 16, clock[0], clock[0] + 0.021)
         clock[0] += 0.021
-    table = chooser.times[4]
-    assert table.estimates()[0] == pytest.approx(0.021), "the depth keeps its steady time"
-    assert table.switch_cost() == pytest.approx(0.060 - 0.021), "what the window paid beyond it"
     second = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0)
     assert second is not first and second.depth == 0 and not second.switched
 
 
-def test_a_switch_cost_keeps_the_chooser_on_a_depth_that_is_nearly_as_good() -> None:
-    chooser = timed([20.0, 20.5, 40, 40])  # depth 1 earns 0.2 tokens a request for 0.5 ms more
-    assert chooser.rate(1, chooser.times[4].estimates(), [WEAK], [K]) > chooser.rate(
-        0, chooser.times[4].estimates(), [WEAK], [K]
-    )
-    chooser.times[4].switch_s.append(0.200)  # a switch has cost 200 ms a window: 6.25 ms a step over 4 windows
-    chooser.current = StepWindow(0, 0, 4)
-    assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 0, "not worth the switch"
-    chooser.current = StepWindow(1, 0, 4)
-    assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 1, "nor back"
+def test_a_switch_s_cost_cancels_between_pairs_run_both_ways() -> None:
+    # Depth 0 takes 20 ms a step, depth 1 25 ms; a window that switches runs 1.2x slower.
+    chooser = StepDepthChooser(K, random.Random(0))
+    for depth, ms in [(0, 20), (1, 25 * 1.2), (1, 25), (0, 20 * 1.2)]:
+        chooser.observe(4, depth, ms / 1e3)
+    table = chooser.times[4]
+    estimates = known(table.estimates())
+    assert estimates[1] / estimates[0] == pytest.approx(1.25), "there: 1.5x, back: 0.96x"
+    assert table.switch_share() == pytest.approx(0.2)
 
 
-def test_a_passed_over_depth_is_explored_for_two_windows_and_the_second_times_it() -> None:
-    chooser = timed([20, 20, 20, 20])
-    chooser.times[4].steady[1].clear()
-    chooser.times[4].after_switch[1].append(0.060)  # timed only after a switch that cost 40 ms a step
+def test_depths_timed_at_different_speeds_compare_as_if_timed_at_one() -> None:
+    # Depth 0 ran alone while the machine was fast; then it slowed by half and depth 1 ran next
+    # to depth 0. Each depth's own windows would say 20 against 37.5 ms; their neighbours, 1.25x.
+    chooser = StepDepthChooser(K, random.Random(0))
+    for depth, ms in [(0, 20), (0, 20), (0, 20), (0, 30), (1, 37.5), (1, 37.5), (0, 30)]:
+        chooser.observe(4, depth, ms / 1e3)
+    estimates = known(chooser.times[4].estimates())
+    assert estimates[1] / estimates[0] == pytest.approx(1.25)
+    assert estimates[0] == pytest.approx(0.030), "at the speed of the last windows"
+
+
+def test_a_passed_over_depth_is_explored_for_two_windows_and_its_pairs_reprice_it() -> None:
+    chooser = timed([20, 60, 20, 20])  # depth 1's first window met a slow moment
     clock = [1.0]
     seen = []
-    for _ in range(30):  # depths 0 and 2 go stale too; each re-run takes two windows
+    for _ in range(60):  # depths 0 and 2 go stale too; each re-run takes two windows
         window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.25)
         seen.append((window.depth, window.switched))
         finish_window(chooser, window, 16, clock, 20.0, explore=0.25)
     at = seen.index((1, True))
-    assert seen[at + 1] == (1, False), "explored again for two windows, the second steady"
-    assert chooser.times[4].estimates()[1] == pytest.approx(0.020), "the steady time replaces the after-switch one"
+    assert seen[at + 1] == (1, False), "explored again for two windows"
+    estimates = chooser.times[4].estimates()
+    assert estimates[1] == pytest.approx(0.020), "two re-runs' pairs, there and back, outvote the old one"
 
 
 def test_bunched_updates_time_a_window_by_its_mean_step() -> None:
@@ -250,12 +259,29 @@ def test_closed_windows_are_kept_for_the_state_endpoint() -> None:
     assert {row[0] for row in history} == {2}  # batch 4: bucket 2
 
 
-def test_one_stalled_window_of_two_does_not_price_a_rarely_run_depth_out() -> None:
-    """Two windows' median is their mean: one stall would have doubled the depth's time."""
+def test_one_stalled_pair_of_three_does_not_price_a_depth_out() -> None:
+    """Pairs' medians: one window that met a pause (3x) is outvoted by its depth's others, both ways."""
     chooser = timed([20, 21, 22, 23])
-    chooser.observe(4, 1, 0.060)  # depth 1's second window met a stall
+    for ms in (21, 60, 21):  # each window of depth 1 between two of depth 0
+        chooser.observe(4, 0, 0.020)
+        chooser.observe(4, 1, ms / 1e3)
+    chooser.observe(4, 0, 0.020)
     assert chooser.times[4].estimates()[1] == pytest.approx(0.021)
     assert chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.0).depth == 1
+
+
+def test_windows_apart_in_time_are_not_compared() -> None:
+    """Between two adaptive windows other requests may run for minutes (the benchmark's static
+    cells): the machine's speed then is not the one before, and the two windows make no pair."""
+    chooser = StepDepthChooser(K, random.Random(0))
+    clock = [1.0]
+    first = run_window(chooser, 4, WEAK, clock, 20.0)
+    clock[0] += 60.0
+    chooser.current = None
+    chooser.repeat = (first + 1) % (K + 1)
+    run_window(chooser, 4, WEAK, clock, 30.0)
+    chooser.close(chooser.timing)
+    assert chooser.times[2].pairs == {}
 
 
 def test_a_step_the_worker_did_not_go_straight_into_is_counted_but_not_timed() -> None:
@@ -283,19 +309,6 @@ def test_bunched_halves_are_not_taken_for_stalls() -> None:
         chooser.step_finished(window, 16, clock if step else 0.0, clock + took)
         clock += took
     assert chooser.times[4].estimates()[window.depth] == pytest.approx((3 * 0.0235 + 4 * 0.0005) / 7)
-
-
-def test_a_window_on_a_slow_machine_is_kept_at_the_machine_s_usual_speed() -> None:
-    chooser = timed([20, 25, 30, 35])
-    slow = StepWindow(0, 0, 4, switched=False, steps_s=[0.030] * 8)  # depth 0 ran 1.5x its time
-    chooser.close(slow)
-    after = StepWindow(1, 0, 4, switched=False, steps_s=[0.030] * 8)
-    chooser.close(after)
-    kept = chooser.times[4].steady[1][-1]
-    assert kept < 0.030 and kept == pytest.approx(0.030 / 1.5**chooser.drift_carry)
-    switched = StepWindow(2, 0, 4, switched=True, steps_s=[0.090] * 8)  # a switch's cost is not the machine's
-    chooser.close(switched)
-    assert chooser.times[4].drift == pytest.approx(math.log(0.030 / 0.025))
 
 
 def test_a_depth_far_below_the_best_waits_longer_to_be_run_again() -> None:
@@ -337,20 +350,6 @@ def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() 
     # with seven held, 8 tokens in 20 ms at depth 0 beat 8.75 in 24 ms.
     assert depth_for(0) == 2
     assert depth_for(7) == 0
-
-
-def test_a_passed_over_depth_is_re_timed_by_the_windows_that_switch_to_it() -> None:
-    # Depth 1 read 23 ms in its first steady window; re-run later (after a switch, which costs
-    # 1 ms a step here), it read 12. Its time is the faster of the two, less the switch cost: an
-    # old window alone no longer prices it (eighth GPU session, batch 3-4: 23.0 against 11-15 ms
-    # in static cells).
-    chooser = timed([20, 23, 30, 31])
-    table = chooser.times[4]
-    table.switch_s.append(0.001 * chooser.window_steps)
-    table.after_switch[1].append(0.013)
-    assert table.estimates(chooser.window_steps)[1] == pytest.approx(0.012)
-    assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0).depth == 1
-    assert table.estimates(chooser.window_steps, with_switched=False)[1] == pytest.approx(0.023)
 
 
 def test_a_window_records_the_tokens_its_choice_expected_and_what_its_steps_yielded() -> None:
