@@ -37,7 +37,8 @@ from engine.acceptance import (
 )
 from engine.cost_model import CostEstimate, StepCostModel
 from engine.spec_stats import ANSWER, TOOL_CALL, RequestLedger
-from engine.step_depth import StepDepthChooser, StepWindow
+from engine.step_depth import StepDepthChooser
+from engine.step_times import StepWindow
 
 
 @dataclass(frozen=True, slots=True)

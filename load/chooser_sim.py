@@ -12,8 +12,8 @@ yields ``batch x (1 + gain[d])`` tokens. The scenarios' step times and tokens pe
 static cells of the same run (``cells.csv``: median ms per engine step and tokens per step by
 policy).
 
-What it can say: whether the chooser's rules (two windows per new depth, the stall rule, the lower
-median, the switch charge, re-exploration) find the best depth under this noise, and what they
+What it can say: whether the chooser's rules (two windows per new depth, the stall rule, depths
+compared through neighbouring windows, re-exploration) find the best depth under this noise, and what they
 lose to it; with ``--held``, a share of every batch held at depth 0 (its thinking budget), which
 the chooser counts, or, with ``--blind``, does not (as before it did). What it cannot: anything
 about the engine (async timing, a held share that moves, phase mix, batch sizes that move); the

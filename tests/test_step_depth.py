@@ -9,7 +9,8 @@ import pytest
 from engine.controller import ControllerSettings, DepthController
 from engine.cost_model import bucket_of
 from engine.spec_stats import RequestLedger
-from engine.step_depth import StepDepthChooser, StepWindow
+from engine.step_depth import StepDepthChooser
+from engine.step_times import StepWindow
 
 K = 3
 # Expected accepted drafts at depth 0..3 for a drafter accepted a fifth of the time per position.
