@@ -10,7 +10,7 @@
 # and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-selfdraft-async bench-mixed bench-selfdraft-fdo"}
+STEPS=${STEPS:-"bench-selfdraft-async bench-c16-64 bench-mixed"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -40,6 +40,10 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --workload mixed --concurrency 4,16 --reps 3 --prompts 8 \
       --requests-per-slot 3 --policies 0:0,1:1,2:2,3:3,1:3,adaptive,1:1=aa --out "$RES/$s" ;;
+  bench-c16-64)  # a second, shorter policy run where adaptive lost: none, fixed-1, adaptive, the A/A
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 2 --prompts 8 \
+      --requests-per-slot 3 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-selfdraft-fdo)  # mixed depths under FULL_DECODE_ONLY (the user's graph mode)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\", $FDO]" \
       step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 3 --prompts 16 \
