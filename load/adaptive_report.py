@@ -116,6 +116,28 @@ def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def twin_table(cells: list[dict[str, Any]]) -> list[str]:
+    """Markdown: adaptive against each static policy that also ran under a second name (``X=aa``:
+    an A/A control), beside the twin against it. Adaptive is only measured to lose (or win) where
+    its ratio falls outside what the twins read."""
+    board = Board(cells)
+    lines = [
+        "| conc | policy | adaptive / it | A/A: its twin / it | adaptive / its twin |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for conc in sorted(board.tok_s):
+        names = board.policies(conc)
+        if "adaptive" not in names:
+            continue
+        for twin in sorted(n for n in names if n.endswith("-aa") and n.removesuffix("-aa") in names):
+            original = twin.removesuffix("-aa")
+            lines.append(
+                f"| {conc} | {original} | {board.paired(conc, 'adaptive', original)} "
+                f"| {board.paired(conc, twin, original)} | {board.paired(conc, 'adaptive', twin)} |"
+            )
+    return lines if len(lines) > 2 else []
+
+
 def window_table(state: dict[str, Any]) -> list[str]:
     """Markdown: the one-depth-per-step chooser's closed windows (``step_depth_windows`` of the
     controller state) by bucket, depth and whether the window switched depth, beside the
@@ -161,7 +183,12 @@ def window_table(state: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str]) -> None:
     folders = [Path(p) for p in argv]
-    print("\n".join(adaptive_targets(read_cells(folders))))
+    cells = read_cells(folders)
+    print("\n".join(adaptive_targets(cells)))
+    twins = twin_table(cells)
+    if twins:
+        print("\nAdaptive against each policy that has an A/A twin, paired per repetition:\n")
+        print("\n".join(twins))
     for folder in folders:
         state_file = folder / "controller.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from load.adaptive_report import Board, adaptive_targets
+from load.adaptive_report import Board, adaptive_targets, twin_table
 
 
 def cells(table: dict[int, dict[str, float]], conc: int = 1) -> list[dict[str, str]]:
@@ -65,3 +65,14 @@ def test_the_window_table_shows_a_depth_known_from_one_stalled_window() -> None:
     assert lines[-1].endswith('{"4": 42.4}')
     shares = window_table({**state, "step_depth_switch_share": {"4": 0.05}})
     assert shares[-1] == 'What a switch adds to a window\'s time, share, by bucket: {"4": 0.05}'
+
+
+def test_adaptive_is_set_beside_the_a_a_twin_of_the_policy_it_is_compared_with() -> None:
+    table = {
+        0: {"fixed-1": 10.0, "fixed-1-aa": 11.0, "adaptive": 9.0, "none": 8.0},
+        1: {"fixed-1": 20.0, "fixed-1-aa": 18.0, "adaptive": 19.0, "none": 16.0},
+    }
+    lines = twin_table(cells(table, conc=4))
+    assert len(lines) == 3, "one twin: one row"
+    assert lines[2].startswith("| 4 | fixed-1 | 0.925 [0.900, 0.950] | 0.995 [0.900, 1.100] |")
+    assert twin_table(cells({0: {"fixed-1": 10.0, "adaptive": 9.0}})) == [], "no twin, no table"
