@@ -10,7 +10,7 @@
 # and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-selfdraft-async bench-c16-64 bench-mixed"}
+STEPS=${STEPS:-"bench-long-reasoning bench-selfdraft-async bench-c16-64"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -44,6 +44,11 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 2 --prompts 8 \
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
+  bench-long-reasoning)  # 160 thinking tokens, not 48: the budget hold (16 tokens, then the end string) an eighth
+    # of each response instead of a third, as in real reasoning; is adaptive's c=16 loss the held waves?
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency 16 --reps 3 --prompts 8 --reasoning-budget 160 \
+      --requests-per-slot 2 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-selfdraft-fdo)  # mixed depths under FULL_DECODE_ONLY (the user's graph mode)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\", $FDO]" \
       step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 3 --prompts 16 \
