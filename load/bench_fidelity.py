@@ -22,20 +22,25 @@ from load.server import ServerProcess
 
 PROMPT = "red apple, green car, red apple, green car, red apple, green car, red apple, green"
 PER_REQUEST = 8
-ARMS: dict[str, dict[str, Any]] = {
-    "depth 0": {"depths": {"answer": 0}},
-    "depth 0 (A/A)": {"depths": {"answer": 0}},
-    "depth 1": {"depths": {"answer": 1}},
-    "depth 3": {"depths": {"answer": 3}},
-    "adaptive": {"policy": "adaptive"},
+ARMS: dict[str, list[dict[str, Any]]] = {
+    "depth 0": [{"depths": {"answer": 0}}],
+    "depth 0 (A/A)": [{"depths": {"answer": 0}}],
+    "depth 1": [{"depths": {"answer": 1}}],
+    "depth 3": [{"depths": {"answer": 3}}],
+    # Requests at depth 1 and 3 in turn, four at a time: batches whose requests verify different
+    # numbers of drafts, as adaptive's do, without the controller.
+    "depths 1 and 3": [{"depths": {"answer": 1}}, {"depths": {"answer": 3}}],
+    "adaptive": [{"policy": "adaptive"}],
 }
 
 
-def sample_arm(base_url: str, samples: int, first_seed: int, phasespec: dict[str, Any], tokens: int) -> list[str]:
+def sample_arm(base_url: str, samples: int, first_seed: int, specs: list[dict[str, Any]], tokens: int) -> list[str]:
+    """``samples`` seeded samples, request i under ``specs[i % len(specs)]``."""
+
     def some(i: int) -> list[str]:
         body = {
             "model": MODEL_NAME, "prompt": PROMPT, "max_tokens": tokens, "temperature": 1.0, "n": PER_REQUEST,
-            "seed": first_seed + PER_REQUEST * i, "phasespec": phasespec,
+            "seed": first_seed + PER_REQUEST * i, "phasespec": specs[i % len(specs)],
         }  # fmt: skip
         response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
         response.raise_for_status()
@@ -58,7 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-count", type=int, default=10, help="rarer outputs are pooled")
     parser.add_argument("--host", help="a running phasespec server (default: start one on the embedded model)")
     parser.add_argument("--out", type=Path, default=Path("load/results/fidelity"))
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (depth 0 always runs)")
     args = parser.parse_args(argv)
+    chosen = {name: ARMS[name] for name in ARMS if name == "depth 0" or name in args.arms.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     server = None if args.host else ServerProcess(log_path=args.out / "server.log")
     if server is not None:
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         arms = {
             name: sample_arm(base_url, args.samples, 1_000_000 * (k + 1), spec, args.tokens)
-            for k, (name, spec) in enumerate(ARMS.items())
+            for k, (name, spec) in enumerate(chosen.items())
         }
     finally:
         if server is not None:
