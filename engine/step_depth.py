@@ -84,7 +84,7 @@ class StepDepthChooser:
     current: StepWindow | None = None
     timing: StepWindow | None = None
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
-    kept: StepWindow | None = None
+    last_kept: StepWindow | None = None
     """The last window kept, when nothing came between it and the next one (a pair's first half)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
@@ -202,7 +202,7 @@ class StepDepthChooser:
         if window is None or window.closed:
             return
         window.closed = True
-        before, self.kept = self.kept, None
+        before, self.last_kept = self.last_kept, None
         if len(window.steps_s) < self.min_timed:
             return
         measured, slowest, kept = window.mean_and_slowest(self.stall_factor)
@@ -216,8 +216,8 @@ class StepDepthChooser:
             and before.bucket == window.bucket
             and window.started - before.ended <= window.ended - window.started
         )
-        self.bucket(window.bucket).add(window.depth, measured, before.depth if adjacent and before else None)
-        self.kept = window
+        self.bucket(window.bucket).add(window.depth, measured, adjacent)
+        self.last_kept = window
 
     def bucket(self, bucket: int) -> BucketTimes:
         table = self.times.get(bucket)
@@ -227,8 +227,7 @@ class StepDepthChooser:
 
     def observe(self, bucket: int, depth: int, seconds: float) -> None:
         """A window's mean step time, right after the last one observed at ``bucket`` (tests)."""
-        table = self.bucket(bucket)
-        table.add(depth, seconds, table.recent[-1][0] if table.recent else None)
+        self.bucket(bucket).add(depth, seconds, adjacent=True)
 
     def snapshot(self) -> dict[str, Any]:
         return {

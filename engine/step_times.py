@@ -74,15 +74,16 @@ class BucketTimes:
     def empty(cls, max_depth: int, memory: int) -> BucketTimes:
         return cls({}, deque(maxlen=memory), [0] * (max_depth + 1), memory)
 
-    def add(self, depth: int, seconds: float, before: int | None) -> None:
-        """A window's mean step time; ``before``: the depth of the window right before it in time,
-        when that one was kept at this bucket too."""
+    def add(self, depth: int, seconds: float, adjacent: bool) -> None:
+        """A window's mean step time; ``adjacent``: it ran right after the last window kept here
+        (which then makes a pair with it, when at another depth)."""
         log_s = math.log(seconds)
-        if before is not None and before != depth and self.recent:
+        if adjacent and self.recent and self.recent[-1][0] != depth:
+            before, before_log_s = self.recent[-1]
             pairs = self.pairs.get((before, depth))
             if pairs is None:
                 pairs = self.pairs[(before, depth)] = deque(maxlen=self.memory)
-            pairs.append(log_s - self.recent[-1][1])
+            pairs.append(log_s - before_log_s)
         self.recent.append((depth, log_s))
 
     def links(self) -> dict[tuple[int, int], tuple[float, int]]:
@@ -115,7 +116,8 @@ class BucketTimes:
                 if other not in theta:
                     theta[other] = theta[d] + ratio
                     order.append(other)
-        for _ in range(20 * len(order) if len(order) > 2 else 0):  # a loop in the links: fit them all
+        links = sum(len(neighbours.get(d, [])) for d in order) // 2
+        for _ in range(20 * len(order) if links >= len(order) else 0):  # a loop in the links: fit them all
             for d in order[1:]:
                 near = neighbours[d]
                 theta[d] = sum(n * (theta[o] - ratio) for o, ratio, n in near) / sum(n for _, _, n in near)

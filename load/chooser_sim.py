@@ -151,8 +151,9 @@ def run(
             for _ in range(cells[1]):
                 next(factors)
         if step % window_steps == 0:
-            f, fade = slow_start
-            factor = next(factors) * (1 + (f - 1) * max(0.0, 1 - step / window_steps / fade) if fade else 1.0)
+            slow, fade = slow_start
+            left = max(0.0, 1 - step / window_steps / fade) if fade else 0.0  # of the slowness
+            factor = next(factors) * (1 + (slow - 1) * left)
         if depth is None:
             window = chooser.choose(scenario.batch, gains, caps, explore_share=0.05, fixed_tokens=fixed_tokens)
             d = window.depth
