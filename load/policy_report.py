@@ -62,6 +62,9 @@ class Cell:
     matches_uncapped: int | None = None
     """Requests whose greedy output equalled the uncapped policy's (concurrency 1)."""
     requests: int = 0
+    unended: int = 0
+    """Requests with no answer token: their reasoning never ended (the workload then is not the one
+    asked for: every request reasons to its budget, then answers)."""
     chosen: dict[str, list[int]] = field(default_factory=dict)
     """Adaptive cells: engine steps at each depth, per phase (the controller's choices)."""
     decisions: list[dict[str, Any]] = field(default_factory=list)

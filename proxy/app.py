@@ -22,13 +22,13 @@ from engine.args import apply_environment, build_vllm_namespace, hook_options, r
 from engine.compat import (
     find_vllm,
     require_vllm,
-    sampled_thinking_budget_holds,
     serving,
     structured_output_follows_reasoning,
 )
 from engine.llm import PhasespecLLM
 from engine.runtime import open_engine
 from engine.spec_stats import PHASES as PHASE_NAMES
+from engine.vllm_fixes import budget_forcing_skips_rows
 from proxy.admission import AdmissionMiddleware
 from proxy.auth import ApiKeyMiddleware
 from proxy.body import BodyMiddleware
@@ -113,11 +113,12 @@ def warn_spec_limits(engine: PhasespecLLM) -> None:
         )
         return
     release = find_vllm().version
-    if not sampled_thinking_budget_holds(release):
+    reasoning = engine.vllm_config.reasoning_config is not None
+    if reasoning and budget_forcing_skips_rows() and "thinking_budget_without_drafts" not in engine.vllm_fixes:
         log.warning(
-            "vLLM %s (before 0.32) with speculative decoding: a thinking budget did not hold for sampled "
-            "requests on 0.23-0.31 (some end without the reasoning end string, plain vLLM too; docs/vllm.md); "
-            "greedy requests are not affected",
+            "vLLM %s forces a thinking budget's end string on the first request of a step without drafts only "
+            "(engine/vllm_fixes.py), and phasespec's fix is not in the workers: concurrent requests may reason "
+            "past their budget",
             release,
         )
     structured = getattr(engine.vllm_config, "structured_outputs_config", None)

@@ -147,14 +147,6 @@ def test_a_drafter_that_drafts_only_k_keeps_k_and_the_installed_one_still_assert
 
 @pytest.mark.parametrize(
     ("release", "holds"),
-    [("0.23.1.dev12+g1234", False), ("0.26.0", False), ("0.31.0", False), ("0.32.0", True), ("0.33.0", True)],
-)
-def test_releases_before_0_32_are_flagged_for_the_sampled_thinking_budget(release: str, holds: bool) -> None:
-    assert compat.sampled_thinking_budget_holds(release) is holds
-
-
-@pytest.mark.parametrize(
-    ("release", "holds"),
     [("0.23.0", False), ("0.23.1.dev26+gcd9078fe5", False), ("0.26.0", True), ("0.32.0", True), ("fork", True)],
 )
 def test_releases_before_0_26_are_flagged_for_structured_output_after_reasoning(release: str, holds: bool) -> None:
