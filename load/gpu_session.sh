@@ -10,7 +10,7 @@
 # and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"tests-budget bench-selfdraft-async bench-mixed"}
+STEPS=${STEPS:-"bench-long-cells bench-mixed"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -44,6 +44,11 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 2 --prompts 8 \
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
+  bench-long-cells)  # fewer policies, longer cells: a cell of 3 requests per slot is 2-4 s, shorter than the
+    # host's swings (tenth session: the A/A 0.77-1.39x in single repetitions)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency 4,16,64 --reps 4 --prompts 8 \
+      --requests-per-slot 8 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-long-reasoning)  # 160 thinking tokens, not 48: the budget hold (16 tokens, then the end string) an eighth
     # of each response instead of a third, as in real reasoning; is adaptive's c=16 loss the held waves?
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
