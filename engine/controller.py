@@ -219,6 +219,9 @@ class StepPlan:
     """Let the drafter propose K after this step (shadow drafts for every position)."""
     step_window: StepWindow | None = None
     """The steps at one depth this step belongs to (``ControllerSettings.step_depth``)."""
+    next_drafts: int | None = None
+    """The last step of a window: what the next window's first step verifies, which the drafter
+    drafts after this step (vLLM sizes the next proposal by this step's count)."""
 
 
 _Prior = tuple[Weights, tuple[list[float], list[float]]]
@@ -371,27 +374,43 @@ class DepthController:
     ) -> StepPlan:
         for request, _ in adaptive:
             self.track(request)  # a request entering a phase restarts its estimates now
-        window = self.step_chooser.next_step()
+        chooser, share = self.step_chooser, self.settings.explore_share
+        window = chooser.next_step()
         if window is None:  # a new window: only its choice needs the requests' estimates
-            priors: dict[str, _Prior] = {}
-            gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
-            caps = [cap for _, cap in adaptive]
-            # Requests at a depth the window does not set (held at a thinking budget, static) yield
-            # the same tokens at every depth, but they are in every depth's step time: left out of
-            # the rate, they made deep depths look better than they are (a batch half held gains
-            # half as much from a deeper depth, for the same extra time).
-            fixed_tokens = sum(
-                1 + (_cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0.0)
-                for request, depth in fixed
-            )
-            window = self.step_chooser.choose(batch_size, gains, caps, self.settings.explore_share, fixed_tokens)
+            gains, caps, fixed_tokens = self._step_inputs(adaptive, fixed)
+            window = chooser.choose(batch_size, gains, caps, share, fixed_tokens)
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
         depths = {}
         for request, cap in adaptive:
             depths[request.engine_id] = request.chosen = min(cap, window.depth)
+        next_drafts = None
+        if window.to_plan == 0:
+            # Its last step: the drafter proposes after it for the next window's first step, as many
+            # drafts as this step asks for, so the next window is chosen now (a window chosen a step
+            # late verified the old depth's drafts in its first step, at the new depth's cost).
+            gains, caps, fixed_tokens = self._step_inputs(adaptive, fixed)
+            upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True)
+            next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # No shadow steps: a step that drafts K would be timed as this depth's.
-        return StepPlan(depths, False, None, False, window)
+        return StepPlan(depths, False, None, False, window, next_drafts)
+
+    def _step_inputs(
+        self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]]
+    ) -> tuple[list[list[float]], list[int], float]:
+        """What a window's choice weighs: each adaptive request's expected accepted drafts by depth,
+        its cap, and the expected tokens of the requests at a depth the window does not set."""
+        priors: dict[str, _Prior] = {}
+        gains = [_cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
+        # Requests at a depth the window does not set (held at a thinking budget, static) yield
+        # the same tokens at every depth, but they are in every depth's step time: left out of
+        # the rate, they made deep depths look better than they are (a batch half held gains
+        # half as much from a deeper depth, for the same extra time).
+        fixed_tokens = sum(
+            1 + (_cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0.0)
+            for request, depth in fixed
+        )
+        return gains, [cap for _, cap in adaptive], fixed_tokens
 
     def _explore_share(self, batch: int, cost: CostEstimate | None) -> float:
         """How often to take a random step at this batch size.

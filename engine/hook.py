@@ -285,6 +285,8 @@ class DepthScheduler(Scheduler):
                 self.num_spec_tokens if depth is None else depth
                 for depth in map(self.spec_ledger.depth_of, scheduler_output.num_scheduled_tokens)
             )
+            if self._plan is not None and self._plan.next_drafts is not None:
+                wanted = max(wanted, self._plan.next_drafts)  # the next step's window, chosen now
             # Never 0: vLLM's drafters are not written for an empty proposal.
             scheduler_output.num_spec_tokens_to_schedule = min(
                 scheduler_output.num_spec_tokens_to_schedule, max(wanted, 1)

@@ -103,9 +103,11 @@ class StepDepthChooser:
         caps: Sequence[int],
         explore_share: float,
         fixed_tokens: float = 0.0,
+        ahead: bool = False,
     ) -> StepWindow:
         """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d;
-        ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set."""
+        ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set.
+        ``ahead``: chosen at the last step of the window before it, so its first step is the next one."""
         window = self.next_step()
         if window is not None:
             return window
@@ -129,7 +131,7 @@ class StepDepthChooser:
             else:
                 depth = max(range(self.max_depth + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
-        self.current = StepWindow(depth, self.window_steps - 1, bucket, switched=depth != previous)
+        self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
         self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens)
         return self.current
 

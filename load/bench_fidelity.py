@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from load.distribution import permutation_p_value, tv_distance
 from load.server import ServerProcess
 
 PROMPT = "red apple, green car, red apple, green car, red apple, green car, red apple, green"
+"""Raw completion text the ngram drafter matches from the first generated token on."""
 PER_REQUEST = 8
 ARMS: dict[str, list[dict[str, Any]]] = {
     "depth 0": [{"depths": {"answer": 0}}],
@@ -34,14 +36,25 @@ ARMS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def sample_arm(base_url: str, samples: int, first_seed: int, specs: list[dict[str, Any]], tokens: int) -> list[str]:
-    """``samples`` seeded samples, request i under ``specs[i % len(specs)]``."""
+def sample_arm(
+    base_url: str,
+    samples: int,
+    first_seed: int,
+    specs: Sequence[dict[str, Any] | None],
+    tokens: int,
+    model: str = MODEL_NAME,
+) -> list[str]:
+    """``samples`` seeded samples of ``PROMPT``, request i under ``specs[i % len(specs)]`` (None: the
+    server's own policy), ``PER_REQUEST`` per request (vLLM seeds them seed, seed + 1, ...)."""
 
     def some(i: int) -> list[str]:
-        body = {
-            "model": MODEL_NAME, "prompt": PROMPT, "max_tokens": tokens, "temperature": 1.0, "n": PER_REQUEST,
-            "seed": first_seed + PER_REQUEST * i, "phasespec": specs[i % len(specs)],
+        body: dict[str, Any] = {
+            "model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 1.0, "n": PER_REQUEST,
+            "seed": first_seed + PER_REQUEST * i,
         }  # fmt: skip
+        spec = specs[i % len(specs)]
+        if spec is not None:
+            body["phasespec"] = spec
         response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
         response.raise_for_status()
         return [str(choice["text"]) for choice in response.json()["choices"]]

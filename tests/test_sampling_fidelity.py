@@ -16,20 +16,17 @@ comparison looks at the outcomes each arm sees often enough to compare.
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
+from load.bench_fidelity import PROMPT, sample_arm
 from load.distribution import permutation_p_value, tv_distance
 
 pytestmark = pytest.mark.engine
 
-PROMPT = "red apple, green car, red apple, green car, red apple, green car, red apple, green"
-"""Raw completion text the ngram drafter matches from the first generated token on."""
 N = 400
-PER_REQUEST = 8
 ALPHA = 0.01
 MIN_COUNT = 10
 """Outputs seen fewer times than this over all arms are pooled into one outcome."""
@@ -45,22 +42,8 @@ def _arm(
     base_url: str, model: str, first_seed: int, phasespec: dict[str, Any] | None, n: int = N
 ) -> tuple[list[str], float]:
     """``n`` seeded samples of four tokens; returns their texts and how many drafts vLLM verified."""
-
-    def some(i: int) -> list[str]:
-        # vLLM seeds a request's n samples seed, seed + 1, ...
-        body: dict[str, Any] = {
-            "model": model, "prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "n": PER_REQUEST,
-            "seed": first_seed + PER_REQUEST * i,
-        }  # fmt: skip
-        if phasespec is not None:
-            body["phasespec"] = phasespec
-        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
-        response.raise_for_status()
-        return [str(choice["text"]) for choice in response.json()["choices"]]
-
     before = _drafted(base_url)
-    with ThreadPoolExecutor(4) as pool:
-        texts = [text for texts in pool.map(some, range(n // PER_REQUEST)) for text in texts]
+    texts = sample_arm(base_url, n, first_seed, [phasespec], 4, model=model)
     return texts, _drafted(base_url) - before
 
 

@@ -8,6 +8,7 @@ vLLM's forcing under speculation changes the forced string (engine/hook.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -121,13 +122,27 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lossless(engine: PhasespecLLM) -> None:
-    assert (await engine.spec_hook_path())["adaptive_unit"] == "step", "auto: a model drafter pays per pass"
+    path = await engine.spec_hook_path()
+    assert path["adaptive_unit"] == "step", "auto: a model drafter pays per pass"
+    # A decision is logged at the step's scheduling, its verification one step later (two under
+    # async scheduling, which schedules the next step before the last one's update).
+    lag = 2 if path["scheduler"] == "async" else 1
+    raised = []
     for i in range(6):  # enough windows for every depth twice (a new depth runs two)
         reference = await run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=K), 64, 40)
-        adaptive = await run(
-            engine, copy_prompt(i), f"sd-adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"), 64, 40
-        )
+        spec = SpecRequest(depth=K, adaptive=True, phase="reasoning", trace=True)
+        adaptive = await run(engine, copy_prompt(i), f"sd-adaptive-{i}", spec, 64, 40)
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
+        final = adaptive.spec.final
+        assert final is not None
+        drafted = {step: n for step, n, _, _ in final["trace"]}
+        decisions = final["decisions"]
+        for (_, before, *_), (step, depth, *_) in itertools.pairwise(decisions):
+            if depth > before and step + lag in drafted:
+                raised.append((step, before, depth, drafted[step + lag]))
+    # The step before a window drafts for it (engine/controller.py): a window that goes deeper
+    # verifies its depth from its first step, not the drafts the shallower window asked for.
+    assert raised and all(depth == got for _, _, depth, got in raised), raised
     state = await engine.controller_state()
     tables = state["step_depth_ms"]
     assert any(all(ms is not None and ms > 0 for ms in table) for table in tables.values()), tables

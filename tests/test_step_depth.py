@@ -217,6 +217,31 @@ def test_the_controller_applies_one_depth_capped_per_request() -> None:
     assert {row[6] for row in state["step_depth_windows"]} == {1.0}, "one static request in every step"
 
 
+def test_a_window_s_last_step_drafts_for_the_next_window_which_then_runs_all_its_steps() -> None:
+    """The drafter proposes after a step as many drafts as that step asks for, so the step before a
+    window must ask for the window's depth (capped per request), not its own: chosen a step late,
+    a window's first step verified the old depth's drafts at the new depth's cost."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=5))
+    batch = [request("a", "reasoning", K, True), request("b", "answer", 2, True)]
+    steps = ctrl.step_chooser.window_steps
+    clock, plans = 1.0, []
+    for _ in range(6 * steps):
+        plan = ctrl.plan(batch)
+        assert plan.step_window is not None
+        plans.append(plan)
+        end = clock + 0.020 + 0.005 * plan.step_window.depth
+        ctrl.step_chooser.step_finished(plan.step_window, 2, clock, end)
+        clock = end
+    windows = [plan.step_window for plan in plans[::steps]]
+    assert [plan.step_window for plan in plans] == [w for w in windows for _ in range(steps)], "8 steps each"
+    assert len({w.depth for w in windows if w is not None}) > 1, "the first windows try the depths"
+    for i, plan in enumerate(plans[:-1]):
+        following = plans[i + 1].step_window
+        assert following is not None
+        # Request "a" (cap K) reaches the window's depth: the deepest of the two.
+        assert plan.next_drafts == (following.depth if i % steps == steps - 1 else None)
+
+
 def test_one_slow_window_does_not_price_a_depth_out() -> None:
     chooser = timed([20, 21, 22, 23])
     for _ in range(5):
