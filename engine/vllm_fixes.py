@@ -73,9 +73,11 @@ def _expand_is_wrong(expand: Any) -> bool:
 def budget_forcing_skips_rows() -> bool:
     """Probe vLLM's thinking-budget holder: three requests past their budget, a step in which none
     verifies a draft (the holder in speculative mode, the sampler's own pass): is every request's
-    row forced to the end token? False where there is no holder (no fix to make)."""
+    row forced to the end token? False where there is no holder (no fix to make) or it cannot run
+    the probe (a holder this fix was not written for is left alone)."""
     holder = _budget_holder_class()
-    return holder is not None and _forced_rows(holder.apply_to_logits) != [True, True, True]
+    rows = _forced_rows(holder.apply_to_logits) if holder is not None else None
+    return rows is not None and not all(rows)
 
 
 def _budget_holder_class() -> Any:

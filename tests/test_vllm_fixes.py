@@ -67,6 +67,11 @@ def test_vllm_s_budget_holder_forces_only_the_first_request_of_a_step_without_dr
     assert _forced_rows(original) == [True, False, False]
     assert _forced_rows(forcing_without_drafts(original)) == [True, True, True]
     assert budget_forcing_skips_rows()
+
+    def unknown(*_: object) -> torch.Tensor:
+        raise TypeError("another holder")
+
+    assert _forced_rows(unknown) is None, "a holder the probe cannot run is not called buggy"
     assert worker_fixes_wanted(False, reasoning=True, speculative=True)
     assert not worker_fixes_wanted(False, reasoning=False, speculative=True)
 
