@@ -70,11 +70,14 @@ def _expand_is_wrong(expand: Any) -> bool:
     return not torch.equal(got.cpu(), torch.tensor([0.5, 1.0, 1.0]))
 
 
+@functools.cache
 def budget_forcing_skips_rows() -> bool:
     """Probe vLLM's thinking-budget holder: three requests past their budget, a step in which none
     verifies a draft (the holder in speculative mode, the sampler's own pass): is every request's
     row forced to the end token? False where there is no holder (no fix to make) or it cannot run
-    the probe (a holder this fix was not written for is left alone)."""
+    the probe (a holder this fix was not written for is left alone). Probed once per process, on
+    vLLM's own holder: the front end asks before starting the engine and when it warns, a worker
+    before fixing it."""
     holder = _budget_holder_class()
     rows = _forced_rows(holder.apply_to_logits) if holder is not None else None
     return rows is not None and not all(rows)
@@ -88,18 +91,24 @@ def _budget_holder_class() -> Any:
     return ThinkingBudgetStateHolder
 
 
+def probe_holder(end_ids: list[int]) -> Any:
+    """A thinking-budget holder for up to 4 requests in speculative mode (K = 2), thinking section
+    opened by token 1 and closed by ``end_ids``."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=end_ids)
+    return _budget_holder_class()(config, 4, 2, torch.device("cpu"), False)
+
+
 def _forced_rows(apply_to_logits: Any) -> list[bool] | None:
     """Which of three rows the holder forces to the end token in a step without drafts (None: the
     holder's interface is not the one this probe knows)."""
-    from types import SimpleNamespace
-
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
     end = 2
     try:
-        config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=[end, 3])
-        holder = _budget_holder_class()(config, 4, 2, torch.device("cpu"), False)
+        holder = probe_holder([end, 3])
         params = SamplingParams(thinking_token_budget=2)
         outputs = [[5, 5, 5] for _ in range(3)]
         added = [(i, params, [7, 1], outputs[i]) for i in range(3)]  # the prompt opened the thinking section
@@ -112,22 +121,21 @@ def _forced_rows(apply_to_logits: Any) -> list[bool] | None:
     return [int(row.argmax()) == end for row in logits]
 
 
+@functools.cache
 def swap_leaves_state_behind() -> bool:
     """Probe vLLM's thinking-budget holder: swap a row with a budget and one without; does the state
-    stay on the first row as well? False where there is no holder, or it cannot run the probe."""
+    stay on the first row as well? False where there is no holder, or it cannot run the probe.
+    Probed once per process, as ``budget_forcing_skips_rows``."""
     holder = _budget_holder_class()
     return holder is not None and _rows_with_state_after_swap(holder.sync_batch) == [0, 1]
 
 
 def _rows_with_state_after_swap(sync_batch: Any) -> list[int] | None:
-    from types import SimpleNamespace
-
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample.logits_processor.interface import BatchUpdate, MoveDirectionality
 
     try:
-        config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=[2])
-        holder = _budget_holder_class()(config, 4, 2, torch.device("cpu"), False)
+        holder = probe_holder([2])
         added = [(0, SamplingParams(thinking_token_budget=2), [7, 1], [5]), (1, SamplingParams(), [7], [5])]
         sync_batch(holder, BatchUpdate(batch_size=2, removed=[], added=added, moved=[]))
         sync_batch(holder, BatchUpdate(batch_size=2, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))

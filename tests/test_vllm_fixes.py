@@ -20,6 +20,7 @@ from engine.vllm_fixes import (
     budget_forcing_skips_rows,
     expand_batch_to_tokens,
     forcing_without_drafts,
+    probe_holder,
     swap_leaves_state_behind,
     swaps_that_move_state,
     worker_fixes_wanted,
@@ -82,11 +83,9 @@ def test_with_the_fix_every_request_of_a_batch_without_drafts_gets_the_whole_end
     is forced, and with every request's token: 2, 2, 2)."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
-    from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder
 
     def run(apply_to_logits: Any) -> list[list[int]]:
-        config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=[2, 3])
-        holder = ThinkingBudgetStateHolder(config, 8, 2, torch.device("cpu"), False)  # type: ignore[arg-type]
+        holder = probe_holder([2, 3])
         outputs = [[5] for _ in range(3)]
         params = SamplingParams(thinking_token_budget=2)
         added = [(i, params, [7, 1], outputs[i]) for i in range(3)]
