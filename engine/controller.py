@@ -222,6 +222,9 @@ class StepPlan:
     next_drafts: int | None = None
     """The last step of a window: what the next window's first step verifies, which the drafter
     drafts after this step (vLLM sizes the next proposal by this step's count)."""
+    drafts_ahead: bool = False
+    """``next_drafts`` makes this step draft more than its own depths would: it costs the next
+    window's drafting passes, so it counts in its window but is not timed there."""
 
 
 _Prior = tuple[Weights, tuple[list[float], list[float]]]
@@ -392,8 +395,11 @@ class DepthController:
             gains, caps, fixed_tokens = self._step_inputs(adaptive, fixed)
             upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True)
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
+        # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request in the step.
+        own_drafts = max([1, *depths.values(), *(depth for _, depth in fixed)])
+        ahead = next_drafts is not None and next_drafts > own_drafts
         # No shadow steps: a step that drafts K would be timed as this depth's.
-        return StepPlan(depths, False, None, False, window, next_drafts)
+        return StepPlan(depths, False, None, False, window, next_drafts, ahead)
 
     def _step_inputs(
         self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]]
@@ -458,7 +464,10 @@ class DepthController:
         """A decode step of ``plan`` finished at ``now`` with ``tokens`` new tokens, the update before
         it at ``previous_update``."""
         if plan.step_window is not None:
-            self.step_chooser.step_finished(plan.step_window, batch, previous_update, now, tokens)
+            # A step drafting for a deeper window next ran that window's passes: its tokens are its
+            # window's, its time is not (timed, a 1 -> 3 switch priced depth 1 an eighth of the way to 3).
+            timed_from = 0.0 if plan.drafts_ahead else previous_update
+            self.step_chooser.step_finished(plan.step_window, batch, timed_from, now, tokens)
 
     def count(self, phase: str, depth: int, tokens: int) -> None:
         window = self.window.get(phase)

@@ -10,7 +10,7 @@
 # and the run on it with it); the benchmarks write their tables as they go.
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-long-cells bench-mixed"}
+STEPS=${STEPS:-"bench-long-cells bench-mixed-long tests-lookahead"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -49,6 +49,14 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 4,16,64 --reps 4 --prompts 8 \
       --requests-per-slot 8 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
+  bench-mixed-long)  # the mixed workload at c=16 (adaptive 0.81x fixed-1 in the tenth session), cells twice as long
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --workload mixed --concurrency 16 --reps 4 --prompts 8 \
+      --requests-per-slot 6 --policies 0:0,1:1,3:3,adaptive,1:1=aa --out "$RES/$s" ;;
+  tests-lookahead)  # a window drafted for by the step before it, under async scheduling
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m pytest -p no:cacheprovider -rA \
+      "tests/test_self_draft.py::test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lossless" ;;
   bench-long-reasoning)  # 160 thinking tokens, not 48: the budget hold (16 tokens, then the end string) an eighth
     # of each response instead of a third, as in real reasoning; is adaptive's c=16 loss the held waves?
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \

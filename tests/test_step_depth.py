@@ -240,6 +240,36 @@ def test_a_window_s_last_step_drafts_for_the_next_window_which_then_runs_all_its
         assert following is not None
         # Request "a" (cap K) reaches the window's depth: the deepest of the two.
         assert plan.next_drafts == (following.depth if i % steps == steps - 1 else None)
+        assert plan.drafts_ahead == (plan.next_drafts is not None and plan.next_drafts > max(plan.step_window.depth, 1))
+
+
+def test_a_step_drafting_ahead_for_a_deeper_window_counts_in_its_window_but_is_not_timed() -> None:
+    """The last step of a depth-1 window before a depth-3 one runs depth 3's drafting passes: timed as
+    depth 1's, it priced depth 1 an eighth of the way to depth 3 (the pairs saw depth 3 cheaper)."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=5))
+    batch = [request("a", "reasoning", K, True), request("b", "answer", K, True)]
+    clock, ahead = 1.0, []
+    for _ in range(8 * ctrl.step_chooser.window_steps):
+        plan = ctrl.plan(batch)
+        window = plan.step_window
+        assert window is not None
+        # The step costs what it drafts: its own depth's passes, or the next window's when deeper.
+        passes = max(1, window.depth, plan.next_drafts or 0)
+        end = clock + 0.020 + 0.010 * passes
+        ctrl.decode_step_timed(plan, 2, clock, end, tokens=2)
+        if plan.drafts_ahead:
+            ahead.append(window)
+        clock = end
+    assert ahead, "some window was followed by a deeper one"
+    for window in ahead:
+        assert window.finished == window_steps(ctrl) and window.tokens == 2 * window_steps(ctrl)
+        assert window.steps_s == pytest.approx([0.020 + 0.010 * max(1, window.depth)] * (window_steps(ctrl) - 1))
+    estimates = ctrl.step_chooser.times[bucket_of(2)].estimates()
+    assert estimates == pytest.approx([0.030, 0.030, 0.040, 0.050])
+
+
+def window_steps(ctrl: DepthController) -> int:
+    return ctrl.step_chooser.window_steps
 
 
 def test_one_slow_window_does_not_price_a_depth_out() -> None:
