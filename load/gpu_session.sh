@@ -7,10 +7,11 @@
 #   PYTHONPATH=$HOME/parts023/site:$PWD RES=~/gpu_results/v023 STEPS=tests-selfdraft-async bash load/gpu_session.sh
 # Never two engines at once: a second engine starting while the first exits fails vLLM's memory profiling.
 # Polling: issue the next device call as soon as one returns (a machine idle 30 s is handed back,
-# and the run on it with it); the benchmarks write their tables as they go.
+# and the run on it with it); the benchmarks write their tables as they go: tar them to $OUT in every
+# poll (eleventh session: the machine was taken mid-run, nothing had come back).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-long-cells bench-mixed-long tests-lookahead"}
+STEPS=${STEPS:-"bench-mixed-long tests-lookahead bench-long-cells"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -47,7 +48,7 @@ for s in $STEPS; do
   bench-long-cells)  # fewer policies, longer cells: a cell of 3 requests per slot is 2-4 s, shorter than the
     # host's swings (tenth session: the A/A 0.77-1.39x in single repetitions)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --concurrency 4,16,64 --reps 4 --prompts 8 \
+      step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \
       --requests-per-slot 8 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-mixed-long)  # the mixed workload at c=16 (adaptive 0.81x fixed-1 in the tenth session), cells twice as long
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
