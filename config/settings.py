@@ -189,7 +189,7 @@ class Settings(BaseSettings):
         would be dropped: it is put first here, and flags on the command line, which
         come after it, win (a later vLLM flag overrides an earlier one).
         """
-        settings = cls(_cli_parse_args=argv)  # type: ignore[call-arg]
+        settings = cls(_cli_parse_args=argv)
         from_env = cls._vllm_args_from_json(os.environ.get("PHASESPEC_VLLM_ARGS", "[]"))
         if not isinstance(from_env, list) or not all(isinstance(arg, str) for arg in from_env):
             raise ValueError("PHASESPEC_VLLM_ARGS must be a JSON list of strings")

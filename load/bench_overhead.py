@@ -45,7 +45,7 @@ def servers(phasespec_flags: Sequence[str] = ()) -> dict[str, tuple[list[str], b
     from config import Settings
     from engine.args import engine_argv
 
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
     return {
         "vllm": (engine_argv(settings), True),
         "phasespec-off": (["--phases.policy", "off", *phasespec_flags], False),

@@ -189,7 +189,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
     from proxy.app import attach_observers
     from proxy.observer import StatsBoard
 
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
     settings.vllm_args = [*settings.vllm_args, *json.loads(cfg.vllm_args)]
     if cfg.emulate:
         settings.engine.emulate_step_ms = cfg.emulate

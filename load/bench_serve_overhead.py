@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine.args import apply_environment
     from engine.default_model import ensure_default_model
 
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
     apply_environment(settings)  # the KV-cache size plain vLLM inherits too
     model_dir = ensure_default_model(settings.engine.cache_dir)
     out = cfg.out or ROOT / "load" / "results" / time.strftime("serve-overhead-%Y%m%d-%H%M%S")

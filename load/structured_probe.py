@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine.args import EMBEDDED_REASONING_END, apply_environment, engine_argv, request_defaults
     from engine.default_model import MODEL_NAME, ensure_default_model
 
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
     apply_environment(settings)
     base = engine_argv(settings)
     reasoning_end = AutoTokenizer.from_pretrained(ensure_default_model(settings.engine.cache_dir)).encode(

@@ -28,7 +28,7 @@ def main(mode: str) -> None:
     from config import Settings
     from engine.default_model import ensure_default_model
 
-    model = str(ensure_default_model(Settings().engine.cache_dir))  # type: ignore[call-arg]
+    model = str(ensure_default_model(Settings().engine.cache_dir))
     kwargs: dict[str, object] = {
         "model": model,
         "dtype": "float32",

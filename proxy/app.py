@@ -44,7 +44,7 @@ log = structlog.get_logger("phasespec.server")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings if settings is not None else Settings()  # type: ignore[call-arg]
+    settings = settings if settings is not None else Settings()
     require_vllm()
     apply_environment(settings)
     args = build_vllm_namespace(settings)

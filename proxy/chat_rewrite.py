@@ -10,7 +10,7 @@ JSON bodies once, with Content-Length fixed up.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -75,7 +75,7 @@ def _dump(payload: Payload) -> bytes:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def edit_sse_event(event: bytes, edits: list[PayloadEdit], ids: set[str] | None = None) -> bytes:
+def edit_sse_event(event: bytes, edits: Sequence[PayloadEdit], ids: set[str] | None = None) -> bytes:
     """Edit one ``data: {...}`` event; anything else passes through as is."""
     if not event.startswith(b"data: {"):
         return event

@@ -28,7 +28,7 @@ GRAMMAR_AFTER_REASONING_ESCAPES = pytest.mark.xfail(
 
 
 def engine_context(settings: Settings | None = None) -> Any:
-    settings = settings if settings is not None else Settings()  # type: ignore[call-arg]
+    settings = settings if settings is not None else Settings()
     apply_environment(settings)
     return open_engine(build_vllm_namespace(settings), request_defaults(settings), hook_options(settings))
 

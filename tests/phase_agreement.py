@@ -337,7 +337,7 @@ def embedded_tokenizer() -> Any:
     from config import Settings
     from engine.default_model import ensure_default_model
 
-    return get_tokenizer(str(ensure_default_model(Settings().engine.cache_dir)))  # type: ignore[call-arg]
+    return get_tokenizer(str(ensure_default_model(Settings().engine.cache_dir)))
 
 
 ROWS = [

@@ -5,6 +5,7 @@ The same middleware under Locust against the real engine: tests/test_api_keys_li
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -49,7 +50,7 @@ async def test_a_body_over_the_limit_gets_413_declared_or_chunked() -> None:
         declared = await client.post("/tokenize", content=b"x" * 2048)
         assert declared.status_code == 413 and declared.json()["error"]["code"] == 413
 
-        async def chunks():  # no Content-Length
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length
             for _ in range(4):
                 yield b"x" * 512
 

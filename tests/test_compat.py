@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError
 from typing import Any
 
 import pytest
@@ -55,7 +56,7 @@ def test_a_fork_is_found_by_the_package_it_provides_and_starts_with_a_warning(
 
     def version(name: str) -> str:
         if name not in installed:
-            raise compat.PackageNotFoundError(name)
+            raise PackageNotFoundError(name)
         return installed[name]
 
     monkeypatch.setattr(compat, "packages_distributions", lambda: {"vllm": [fork]})
@@ -68,7 +69,7 @@ def test_a_fork_is_found_by_the_package_it_provides_and_starts_with_a_warning(
 
 def test_no_vllm_installed_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def version(name: str) -> str:
-        raise compat.PackageNotFoundError(name)
+        raise PackageNotFoundError(name)
 
     monkeypatch.setattr(compat, "packages_distributions", lambda: {})
     monkeypatch.setattr(compat, "version", version)

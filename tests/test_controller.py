@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -397,9 +398,9 @@ def test_alike_requests_lucky_runs_do_not_buy_drafts() -> None:
     """A request's own streak of accepted drafts is luck when its phase's requests are
     alike: the measured weight of the phase estimate keeps it from paying for drafts
     that its next proposals do not keep (the emulated run's 53 depth-1 steps, 6 of 13 accepted)."""
-    quiet = {"seed": 14, "explore_share": 0.0, "settled_explore_share": 0.0, "warmup_steps": 0}
-    measured, ctrl = _streak_steps(ControllerSettings(**quiet))
-    trusting, _ = _streak_steps(ControllerSettings(**quiet, request_weights=(2.0,)))
+    quiet = ControllerSettings(seed=14, explore_share=0.0, settled_explore_share=0.0, warmup_steps=0)
+    measured, ctrl = _streak_steps(quiet)
+    trusting, _ = _streak_steps(dataclasses.replace(quiet, request_weights=(2.0,)))
     assert ctrl.weight_chooser("reasoning").accept.best() >= 128.0
     assert trusting > 50 and measured < trusting / 10, (measured, trusting)
 

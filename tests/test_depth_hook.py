@@ -190,7 +190,7 @@ async def test_counters_are_freed_after_finish_and_abort(engine: PhasespecLLM) -
 def _abort_args(engine: PhasespecLLM) -> tuple[Any, Any]:
     from vllm.sampling_params import SamplingParams
 
-    from tests.engine_fixture import chat_prompt
+    from load.workload import chat_prompt
 
     return chat_prompt(engine, copy_prompt(4)), SamplingParams(temperature=0.0, max_tokens=200)
 

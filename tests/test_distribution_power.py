@@ -35,7 +35,8 @@ DRAFT = np.array([0, 2, 1, 5])
 def _tempered(p: np.ndarray, temperature: float) -> np.ndarray:
     logits = np.log(np.maximum(p, 1e-30)) / temperature
     q = np.exp(logits - logits.max())
-    return q / q.sum()
+    out: np.ndarray = q / q.sum()
+    return out
 
 
 def sample(rng: np.random.Generator, n: int, bug: str | None = None) -> list[tuple[int, int]]:

@@ -34,7 +34,7 @@ EMULATION = StepEmulation.parse(SPEC)
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def engine() -> AsyncIterator[PhasespecLLM]:
-    settings = Settings(engine=EngineSettings(emulate_step_ms=SPEC))  # type: ignore[call-arg]
+    settings = Settings(engine=EngineSettings(emulate_step_ms=SPEC))
     async with engine_context(settings) as llm:
         yield llm
 

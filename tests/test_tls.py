@@ -45,7 +45,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
 def test_the_openai_client_verifies_the_certificate_and_chats_over_https(tls_server: ServerProcess) -> None:
     assert tls_server.base_url.startswith("https://")
     client = openai.OpenAI(
-        base_url=f"{tls_server.base_url}/v1", api_key=API_KEY, http_client=httpx.Client(verify=tls_server.verify)
+        base_url=f"{tls_server.base_url}/v1",
+        api_key=API_KEY,
+        http_client=openai.DefaultHttpxClient(verify=tls_server.verify),
     )
     reply = client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
