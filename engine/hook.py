@@ -232,17 +232,19 @@ class DepthScheduler(Scheduler):
                 drafted = sum(len(ids) for ids in spec.values())
                 self.step_log.append((len(scheduled), scheduler_output.total_num_scheduled_tokens, drafted, elapsed))
                 self.controller.step_done(len(scheduled), drafted, elapsed, plan)
-        before = {rid: self.requests.get(rid) for rid in scheduled}
+        # The ledgers too: a request finishing in this step has its ledger freed by the update.
+        before = {rid: (self.requests.get(rid), self.spec_ledger.get(rid)) for rid in scheduled}
         step_tokens = 0
         base_started = time.perf_counter()
         result = super().update_from_output(scheduler_output, model_runner_output)
         base_s = time.perf_counter() - base_started
-        for engine_id, request in before.items():
-            ledger = self.spec_ledger.get(engine_id)
+        for engine_id, (request, ledger) in before.items():
             if request is None or ledger is None or scheduled[engine_id] != 1 + len(spec.get(engine_id, ())):
-                continue  # finished in this step (its last proposal stays undecided), or a prefill
-            for resolved in ledger.book.feed(request.output_token_ids):
-                self.controller.observe(ledger, resolved)
+                continue  # a prefill
+            if self.spec_ledger.get(engine_id) is ledger:
+                for resolved in ledger.book.feed(request.output_token_ids):
+                    self.controller.observe(ledger, resolved)
+            # else finished in this step: its last proposal stays undecided, its tokens are the step's
             new_tokens = request.num_output_tokens - ledger.tokens_seen
             # The prefill's token arrives with the first decode step's: not this step's yield.
             step_tokens += new_tokens - (ledger.tokens_seen == 0 and new_tokens > 0)

@@ -128,11 +128,14 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     # async scheduling, which schedules the next step before the last one's update).
     lag = 2 if path["scheduler"] == "async" else 1
     raised = []
+    await engine.controller_state(reset_window=True)
+    outputs = 0
     for i in range(6):  # enough windows for every depth twice (a new depth runs two)
         reference = await run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=K), 64, 40)
         spec = SpecRequest(depth=K, adaptive=True, phase="reasoning", trace=True)
         adaptive = await run(engine, copy_prompt(i), f"sd-adaptive-{i}", spec, 64, 40)
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
+        outputs += len(reference.token_ids) + len(adaptive.token_ids)
         final = adaptive.spec.final
         assert final is not None
         drafted = {step: n for step, n, _, _ in final["trace"]}
@@ -144,6 +147,8 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     # verifies its depth from its first step, not the drafts the shallower window asked for.
     assert raised and all(depth == got for _, _, depth, got in raised), raised
     state = await engine.controller_state()
+    # Every token counted in the step that made it, a request's last step's too (a window's yield).
+    assert sum(phase["tokens"] for phase in state["phases"].values()) == outputs
     tables = state["step_depth_ms"]
     assert any(all(ms is not None and ms > 0 for ms in table) for table in tables.values()), tables
     # One request at a time: a window's steps yield 1 to 1 + depth tokens each, as its choice expected.
