@@ -52,7 +52,7 @@ for s in $STEPS; do
       --requests-per-slot 8 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-mixed-long)  # the mixed workload at c=16 (adaptive 0.81x fixed-1 in the tenth session), cells twice as long
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --workload mixed --concurrency 16 --reps 4 --prompts 8 \
+      step "$s" python3 -m load.bench_policies --workload mixed --concurrency 16 --reps ${REPS:-4} --prompts 8 \
       --requests-per-slot 6 --policies 0:0,1:1,3:3,adaptive,1:1=aa --out "$RES/$s" ;;
   tests-lookahead)  # a window drafted for by the step before it, under async scheduling
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \

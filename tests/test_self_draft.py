@@ -130,8 +130,10 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     raised = []
     await engine.controller_state(reset_window=True)
     outputs = 0
-    for i in range(6):  # enough windows for every depth twice (a new depth runs two)
-        reference = await run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=K), 64, 40)
+    references = [await run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=K), 64, 40) for i in range(6)]
+    # The adaptive requests back to back: a window is timed against the one before it only when
+    # nothing ran between them (a reference request in between left a depth unlinked, now and then).
+    for i, reference in enumerate(references):  # enough windows for every depth twice (a new depth runs two)
         spec = SpecRequest(depth=K, adaptive=True, phase="reasoning", trace=True)
         adaptive = await run(engine, copy_prompt(i), f"sd-adaptive-{i}", spec, 64, 40)
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
@@ -150,7 +152,10 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     # Every token counted in the step that made it, a request's last step's too (a window's yield).
     assert sum(phase["tokens"] for phase in state["phases"].values()) == outputs
     tables = state["step_depth_ms"]
-    assert any(all(ms is not None and ms > 0 for ms in table) for table in tables.values()), tables
+    assert any(all(ms is not None and ms > 0 for ms in table) for table in tables.values()), (
+        tables,
+        state["step_depth_windows"],
+    )
     # One request at a time: a window's steps yield 1 to 1 + depth tokens each, as its choice expected.
     windows = [w for w in state["step_depth_windows"] if w[0] == bucket_of(1)]
     assert windows
