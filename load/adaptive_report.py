@@ -10,7 +10,8 @@ and the table shows their geometric mean and the [min, max] over repetitions.
 Machine drift between repetitions (up to ~30% here) then cancels instead of
 landing in whichever policy happened to run during a slow minute. The best
 static policy is chosen in hindsight by mean throughput, which favours it: the
-largest of many noisy means is biased upwards.
+largest of many noisy means is biased upwards. An A/A twin (``X-aa``) is never a
+"best": it is shown against its original in a table of its own.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
     ]
     concs = sorted(c for c in board.tok_s if "adaptive" in board.policies(c))
     for conc in concs:
-        static = {name: board.mean(conc, name) for name in board.policies(conc) - {"adaptive"}}
+        # An A/A twin is kept out of every "best" (as in load/policy_report.py): the larger of two
+        # runs of one policy is that policy's luck (tenth GPU session: fixed-1-aa "best" at c >= 4).
+        static = {n: board.mean(conc, n) for n in board.policies(conc) - {"adaptive"} if not n.endswith("-aa")}
         best_static = max(static, key=static.__getitem__)
         fixed = {k: v for k, v in static.items() if k.startswith("fixed-")}
         best_fixed = max(fixed, key=fixed.__getitem__)
@@ -99,7 +102,7 @@ def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
             f"| {dict(board.chosen[conc])} |"
         )
     if len(concs) > 1:
-        names = {n for c in concs for n in board.policies(c) if n.startswith("fixed-")}
+        names = {n for c in concs for n in board.policies(c) if n.startswith("fixed-") and not n.endswith("-aa")}
         names = {n for n in names if all(n in board.policies(c) for c in concs)}
         geo = {
             name: statistics.geometric_mean(board.paired(c, "adaptive", name).mean for c in concs)  # type: ignore[union-attr]
