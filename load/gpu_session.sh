@@ -11,7 +11,7 @@
 # poll (eleventh session: the machine was taken mid-run, nothing had come back).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-mixed-long tests-lookahead bench-long-cells"}
+STEPS=${STEPS:-"bench-long-cells bench-mixed-long"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
