@@ -396,8 +396,7 @@ class DepthController:
             upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True)
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request in the step.
-        own_drafts = max([1, *depths.values(), *(depth for _, depth in fixed)])
-        ahead = next_drafts is not None and next_drafts > own_drafts
+        ahead = next_drafts is not None and next_drafts > max([1, *depths.values(), *(d for _, d in fixed)])
         # No shadow steps: a step that drafts K would be timed as this depth's.
         return StepPlan(depths, False, None, False, window, next_drafts, ahead)
 

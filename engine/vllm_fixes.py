@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -94,8 +95,6 @@ def _budget_holder_class() -> Any:
 def probe_holder(end_ids: list[int]) -> Any:
     """A thinking-budget holder for up to 4 requests in speculative mode (K = 2), thinking section
     opened by token 1 and closed by ``end_ids``."""
-    from types import SimpleNamespace
-
     config = SimpleNamespace(reasoning_start_token_ids=[1], reasoning_end_token_ids=end_ids)
     return _budget_holder_class()(config, 4, 2, torch.device("cpu"), False)
 

@@ -17,6 +17,9 @@ import csv
 import json
 import statistics
 from pathlib import Path
+from typing import Any
+
+from load.policy_report import add_phase, position_acceptance
 
 
 def static_ms(rows: list[dict[str, str]], max_depth: int) -> dict[int, float]:
@@ -31,19 +34,37 @@ def static_ms(rows: list[dict[str, str]], max_depth: int) -> dict[int, float]:
 
 def acceptance(rows: list[dict[str, str]], policy: str) -> dict[tuple[str, str], tuple[list[float], int]]:
     """(kind, phase) -> (acceptance by position, tokens), summed over ``policy``'s cells."""
-    sums: dict[tuple[str, str], list[float]] = {}
+    totals: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
-        if row["policy"] != policy:
-            continue
-        kinds = json.loads(row["kinds"]) or {"all": json.loads(row["phases"])}
-        for kind, phases in kinds.items():
-            for phase, d in phases.items():
-                acc = sums.setdefault((kind, phase), [0.0, 0.0] + [0.0] * len(d["num_accepted_tokens_per_pos"]))
-                acc[0] += d["num_drafts"]
-                acc[1] += d["tokens"]
-                for i, n in enumerate(d["num_accepted_tokens_per_pos"]):
-                    acc[2 + i] += n
-    return {key: ([n / acc[0] for n in acc[2:]] if acc[0] else [], int(acc[1])) for key, acc in sums.items()}
+        if row["policy"] == policy:
+            kinds = json.loads(row["kinds"]) or {"all": json.loads(row["phases"])}
+            for kind, phases in kinds.items():
+                for phase, counters in phases.items():
+                    add_phase(totals.setdefault((kind, phase), {}), counters)
+    return {
+        key: ([rate or 0.0 for rate in position_acceptance(phase)], phase["tokens"]) for key, phase in totals.items()
+    }
+
+
+def bound(rows: list[dict[str, str]], max_depth: int, against: int) -> tuple[float, list[str]]:
+    """The time at fixed depth ``against`` over the time with every (kind, phase) at its best depth,
+    and a line per (kind, phase)."""
+    ms = static_ms(rows, max_depth)
+    deepest = max(d for d in ms if d > 0)
+    at_fixed = at_best = 0.0
+    lines = []
+    for (kind, phase), (acc, tokens) in sorted(acceptance(rows, f"fixed-{deepest}").items()):
+        rate = {d: (1 + sum(acc[:d])) / ms[d] for d in ms}
+        best = max(rate, key=rate.__getitem__)
+        at_fixed += tokens / rate[against]
+        at_best += tokens / rate[best]
+        shown = ", ".join(f"{a:.3f}" for a in acc)
+        lines.append(
+            f"{kind:<6} {phase:<10} {tokens:6d} tokens, acceptance by position [{shown}]: best depth {best}, "
+            f"{rate[best] / rate[against]:.3f}x depth {against}"
+        )
+    lines.append("static ms per engine step: " + ", ".join(f"depth {d} {t:.2f}" for d, t in sorted(ms.items())))
+    return at_fixed / at_best, lines
 
 
 def main() -> None:
@@ -55,21 +76,9 @@ def main() -> None:
     args = parser.parse_args()
     with (args.run / "cells.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if int(r["concurrency"]) == args.concurrency]
-    ms = static_ms(rows, args.max_depth)
-    deepest = max(d for d in ms if d > 0)
-    at_fixed = at_best = 0.0
-    for (kind, phase), (acc, tokens) in sorted(acceptance(rows, f"fixed-{deepest}").items()):
-        rate = {d: (1 + sum(acc[:d])) / ms[d] for d in ms}
-        best = max(rate, key=rate.__getitem__)
-        at_fixed += tokens / rate[args.against]
-        at_best += tokens / rate[best]
-        shown = ", ".join(f"{a:.3f}" for a in acc)
-        print(
-            f"{kind:<6} {phase:<10} {tokens:6d} tokens, acceptance by position [{shown}]: best depth {best}, "
-            f"{rate[best] / rate[args.against]:.3f}x depth {args.against}"
-        )
-    print("static ms per engine step: " + ", ".join(f"depth {d} {t:.2f}" for d, t in sorted(ms.items())))
-    print(f"bound: {at_fixed / at_best:.3f}x fixed-{args.against} (each kind and phase at its best depth)")
+    ratio, lines = bound(rows, args.max_depth, args.against)
+    print("\n".join(lines))
+    print(f"bound: {ratio:.3f}x fixed-{args.against} (each kind and phase at its best depth)")
 
 
 if __name__ == "__main__":
