@@ -11,7 +11,7 @@
 # poll (eleventh session: the machine was taken mid-run, nothing had come back).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-long-cells bench-mixed-long"}
+STEPS=${STEPS:-"bench-mixed-long bench-selfdraft-fdo bench-selfdraft-fap bench-paired"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -63,10 +63,20 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16 --reps 3 --prompts 8 --reasoning-budget 160 \
       --requests-per-slot 2 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
-  bench-selfdraft-fdo)  # mixed depths under FULL_DECODE_ONLY (the user's graph mode)
+  bench-selfdraft-fdo)  # mixed depths under FULL_DECODE_ONLY (the user's graph mode): uniform K (fixed-3) is the
+    # only decode batch vLLM graphs FULL; ms per engine step by policy in cells.csv
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\", $FDO]" \
-      step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 3 --prompts 16 \
+      step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 2 --prompts 8 \
       --policies 0:0,1:1,3:3,1:3,adaptive --out "$RES/$s" ;;
+  bench-selfdraft-fap)  # the same run under vLLM's default FULL_AND_PIECEWISE, in the same machine's hold
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 2 --prompts 8 \
+      --policies 0:0,1:1,3:3,1:3,adaptive --out "$RES/$s" ;;
+  bench-paired)  # more, shorter repetitions of fewer policies: a cell's noise is mostly its own (neighbouring
+    # cells of one policy differ by ~10% rms, cells six apart by 15-20%), so pairs, not cell length, buy resolution
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency 1,16,64 --reps 6 --prompts 8 \
+      --requests-per-slot 4 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \
