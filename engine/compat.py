@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import logging
 from collections.abc import Callable
@@ -117,6 +118,46 @@ def lowers_batch_k() -> bool:
     """Whether this vLLM lets the scheduler lower a step's drafting count
     (``SchedulerOutput.num_spec_tokens_to_schedule``, vLLM's dynamic-SD knob; 0.23.0 lacks it)."""
     return not _fields(_attr("vllm.v1.core.sched.output", "SchedulerOutput"), ("num_spec_tokens_to_schedule",))
+
+
+# The workers' model runner: V1 (v1/worker/gpu_model_runner.py) or V2 (v1/worker/gpu/). The
+# scheduler side of the hook is the same for both; what the runner does with it is not.
+
+
+def uses_v2_runner(vllm_config: Any) -> bool:
+    """Whether vLLM runs the model on its V2 model runner (``VllmConfig.use_v2_model_runner``).
+    The Lvllmds4-x fork forces it for ``dspark`` (its ``config/vllm.py``: V1 cannot run DSpark);
+    from vLLM 0.30 it is the default for EAGLE, MTP and DFlash, from 0.31 for draft_model; ngram
+    stays on V1; no triton (the CPU engine): V1. Without the property (older vLLM): V1."""
+    return bool(getattr(vllm_config, "use_v2_model_runner", False))
+
+
+def runner_honours_batch_k(vllm_config: Any) -> bool:
+    """Whether the drafter drafts only ``num_spec_tokens_to_schedule`` tokens when the scheduler
+    lowers it. V1 does wherever the field exists. V2 only from vLLM 0.32
+    (``ExecuteModelState.num_spec_tokens_to_schedule``): V2 of 0.26.0 and of the Lvllmds4-x fork
+    drafts K every step, as do 0.27.1 and 0.31.0 (depths still cap what each request verifies)."""
+    if not lowers_batch_k():
+        return False
+    if not uses_v2_runner(vllm_config):
+        return True
+    try:
+        state = _attr("vllm.v1.worker.gpu.model_runner", "ExecuteModelState")
+    except (ImportError, AttributeError):
+        return False
+    return "num_spec_tokens_to_schedule" in getattr(state, "_fields", ())
+
+
+def runner_applies_thinking_budget(vllm_config: Any) -> bool:
+    """Whether the model runner enforces ``thinking_token_budget``. V1 does. V2 from vLLM 0.31
+    (``v1/worker/gpu/sample/thinking_budget.py``); V2 of 0.26.0, 0.27.1 and the Lvllmds4-x fork warns
+    once at startup (``VllmConfig._validate_v2_model_runner``) and then ignores every budget."""
+    if not uses_v2_runner(vllm_config):
+        return True
+    try:
+        return importlib.util.find_spec("vllm.v1.worker.gpu.sample.thinking_budget") is not None
+    except ImportError:  # no vllm.v1.worker.gpu.sample package at all
+        return False
 
 
 # Drafters that assert a step's drafting count equals K: ngram_gpu's ``propose``

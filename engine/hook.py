@@ -38,7 +38,12 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from engine.acceptance import Resolved
-from engine.compat import drafter_takes_lower_k, lowers_batch_k
+from engine.compat import (
+    drafter_takes_lower_k,
+    runner_applies_thinking_budget,
+    runner_honours_batch_k,
+    uses_v2_runner,
+)
 from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold
 from engine.emulation import PadCounter, StepEmulation
 from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger
@@ -99,9 +104,10 @@ class DepthScheduler(Scheduler):
         # Lowering the batch's drafting count is vLLM's own dynamic-SD knob,
         # which vLLM disables under data parallelism (ranks draft in lockstep);
         # some drafters only draft exactly K (compat.FIXED_K_DRAFTERS).
-        # vLLM 0.23.0 has no per-step drafting count (compat.lowers_batch_k): it drafts K.
+        # vLLM 0.23.0 has no per-step drafting count (compat.lowers_batch_k), and the V2 model
+        # runner before 0.32 ignores it (compat.runner_honours_batch_k): the drafter drafts K.
         method = getattr(self.vllm_config.speculative_config, "method", None)
-        self._has_batch_k = lowers_batch_k()
+        self._has_batch_k = runner_honours_batch_k(self.vllm_config)
         self._lower_batch_k = (
             self.num_spec_tokens > 0
             and self.parallel_config.data_parallel_size == 1
@@ -127,6 +133,9 @@ class DepthScheduler(Scheduler):
         mode = getattr(compilation, "cudagraph_mode", None)
         return {
             "scheduler": "async" if isinstance(self, AsyncScheduler) else "sync",
+            "model_runner": "v2" if uses_v2_runner(self.vllm_config) else "v1",
+            "runner_honours_batch_k": self._has_batch_k,
+            "applies_thinking_budget": runner_applies_thinking_budget(self.vllm_config),
             "shadow_drafts": self._shadow,
             "lowers_batch_k": self._lower_batch_k,
             "cudagraph_mode": getattr(mode, "name", None) if mode is not None else None,

@@ -19,10 +19,17 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from engine.compat import call_utility_all
+from engine.compat import call_utility_all, runner_applies_thinking_budget
 from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, validate_depth
 
 logger = logging.getLogger("phasespec.engine")
+
+
+BUDGET_IGNORED = (
+    "this engine runs vLLM's V2 model runner, which ignores thinking budgets before vLLM 0.31 "
+    "(vLLM itself only warns at startup); leave it out, or run the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0) "
+    "where the drafter allows it (DSpark needs V2)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +98,17 @@ class PhasespecLLM(AsyncLLM):
     observer_factory: ObserverFactory | None = None
     vllm_fixes: tuple[str, ...] = ()
     """engine/vllm_fixes.py fixes applied in the workers (set by engine/runtime.py)."""
+    applies_thinking_budget: bool = True
+    """Whether the model runner enforces ``thinking_token_budget`` (not vLLM's V2 runner before 0.32)."""
     _reasoning_end_len: int = 0
 
     def configure(self, defaults: RequestDefaults) -> None:
         reasoning = self.vllm_config.reasoning_config
         if defaults.thinking_token_budget is not None and (reasoning is None or not reasoning.enabled):
             raise ValueError("a default thinking budget needs --reasoning-parser (and --reasoning-config)")
+        self.applies_thinking_budget = runner_applies_thinking_budget(self.vllm_config)
+        if defaults.thinking_token_budget is not None and not self.applies_thinking_budget:
+            raise ValueError(f"--engine.default_thinking_budget: {BUDGET_IGNORED}")
         self.request_defaults = defaults
         end_ids = reasoning.reasoning_end_token_ids if reasoning is not None else None
         self._reasoning_end_len = len(end_ids or ())
@@ -124,6 +136,8 @@ class PhasespecLLM(AsyncLLM):
         spec = spec if spec is not None else SpecRequest()
         params = sampling_params.clone()  # one copy of the caller's, edited below
         apply_defaults(params, self.request_defaults, self._reasoning_end_len)
+        if params.thinking_token_budget is not None and not self.applies_thinking_budget:
+            raise ValueError(f"thinking_token_budget: {BUDGET_IGNORED}")
         tracked = self.max_spec_depth > 0
         if tracked:
             attach_spec_meta(params, request_id, spec, self.max_spec_depth)

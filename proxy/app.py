@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import structlog
 from fastapi import FastAPI
@@ -25,7 +26,7 @@ from engine.compat import (
     serving,
     structured_output_follows_reasoning,
 )
-from engine.llm import PhasespecLLM
+from engine.llm import BUDGET_IGNORED, PhasespecLLM
 from engine.runtime import open_engine
 from engine.spec_stats import PHASES as PHASE_NAMES
 from engine.vllm_fixes import budget_forcing_skips_rows
@@ -57,17 +58,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     board = StatsBoard()
     max_depth = 0
+    budget_refusal: str | None = None
     drain = Drain(grace_s=float(args.shutdown_timeout or 0))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nonlocal max_depth
+        nonlocal max_depth, budget_refusal
         drain.loop = asyncio.get_running_loop()
         # A mounted app's own lifespan never runs: start vLLM's from here,
         # once its state (engine, OpenAI handlers) exists.
         async with open_engine(args, defaults, options) as engine:
             max_depth = engine.max_spec_depth
-            warn_spec_limits(engine)
+            budget_refusal = None if engine.applies_thinking_budget else BUDGET_IGNORED
+            warn_spec_limits(engine, await engine.spec_hook_path())
             attach_observers(engine, args, settings, board)
             tasks = await engine.get_supported_tasks()
             await init_app_state(engine, vllm_app.state, args, tasks)
@@ -94,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         edits=[alias_reasoning_content, fill_reasoning_tokens(board), attach_stats(board)],
         on_end=board.forget,
     )
-    app.add_middleware(BodyMiddleware, max_depth=lambda: max_depth)
+    app.add_middleware(BodyMiddleware, max_depth=lambda: max_depth, budget_refusal=lambda: budget_refusal)
     server = settings.server
     app.add_middleware(AdmissionMiddleware, max_inflight=server.max_inflight, max_body_bytes=server.max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, keys=server.api_keys, guard_metrics=server.guard_metrics)
@@ -104,14 +107,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def warn_spec_limits(engine: PhasespecLLM) -> None:
-    """Say at startup what per-request depth cannot do on this engine."""
+def warn_spec_limits(engine: PhasespecLLM, hook: dict[str, Any]) -> None:
+    """Say at startup what per-request depth cannot do on this engine (``hook``: its path)."""
+    if not engine.applies_thinking_budget:
+        log.warning("thinking_token_budget is refused with a 400 (model runner v2): " + BUDGET_IGNORED)
     if engine.max_spec_depth == 0:
         log.warning(
             "no speculative decoding (K = 0): phasespec serves as plain vLLM and sets no depths; "
             "give a --speculative-config to use it"
         )
         return
+    if hook["model_runner"] == "v2" and not hook["runner_honours_batch_k"]:
+        log.warning(
+            "vLLM's V2 model runner before 0.32 drafts K tokens every step whatever the depths "
+            "(it ignores num_spec_tokens_to_schedule): depths cap what each request verifies, not what is drafted"
+        )
     release = find_vllm().version
     reasoning = engine.vllm_config.reasoning_config is not None
     if reasoning and budget_forcing_skips_rows() and "thinking_budget_without_drafts" not in engine.vllm_fixes:
@@ -131,13 +141,21 @@ def warn_spec_limits(engine: PhasespecLLM) -> None:
         )
     mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)
     if getattr(mode, "name", None) == "FULL_DECODE_ONLY":
-        # vLLM captures FULL graphs for uniform decode batches of exactly 1 + K tokens per
-        # request (v1/worker/gpu_model_runner.py, _is_uniform_decode); FULL_DECODE_ONLY has no
-        # graphs for other batches, so they run eagerly.
+        # vLLM captures FULL graphs for uniform decode batches of exactly 1 + K tokens per request
+        # (V1: v1/worker/gpu_model_runner.py _is_uniform_decode; V2: v1/worker/gpu/cudagraph_utils.py,
+        # decode_query_len); FULL_DECODE_ONLY has no graphs for other batches, so they run eagerly.
+        # V1's model drafters graph only PIECEWISE (v1/spec_decode/llm_base_proposer.py
+        # initialize_cudagraph_keys), none under this mode; the fork's V2 DSpark graphs FULL.
+        from engine.hook import step_depth_wanted  # after require_vllm, as engine/runtime.py does
+
+        drafter = ""
+        if hook["model_runner"] == "v1" and step_depth_wanted("auto", engine.vllm_config):  # a model drafter
+            drafter = "; on vLLM's V1 model runner the drafter runs without graphs in every step in this mode"
         log.warning(
             "cudagraph_mode FULL_DECODE_ONLY: a step where any request verifies fewer than K drafts "
-            "runs without CUDA graphs (vLLM graphs only decode batches of 1 + K tokens per request); "
-            "FULL_AND_PIECEWISE keeps piecewise graphs for those steps"
+            "runs without CUDA graphs (vLLM graphs only decode batches of 1 + K tokens per request)"
+            + drafter
+            + "; FULL_AND_PIECEWISE keeps piecewise graphs for those steps"
         )
 
 

@@ -62,9 +62,13 @@ def with_length(scope: Scope, body: bytes) -> Scope:
 class BodyMiddleware:
     """The completion routes: OpenAI-strict checks (proxy/strict.py), then the ``phasespec`` field."""
 
-    def __init__(self, app: ASGIApp, max_depth: Callable[[], int]) -> None:
+    def __init__(
+        self, app: ASGIApp, max_depth: Callable[[], int], budget_refusal: Callable[[], str | None] = lambda: None
+    ) -> None:
         self.app = app
         self.max_depth = max_depth
+        self.budget_refusal = budget_refusal
+        """Why the engine cannot honour ``thinking_token_budget`` (None: it can)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PATHS:
@@ -77,6 +81,9 @@ class BodyMiddleware:
         try:
             data = strict.parse(body)
             strict.check(scope["path"], data)
+            refusal = self.budget_refusal()
+            if refusal is not None and data.get("thinking_token_budget") is not None:
+                raise strict.Invalid(f"thinking_token_budget: {refusal}", "thinking_token_budget")
             forced = scope["path"] == strict.CHAT and mark_forced_tool_call(data)
             if apply_overrides(data, self.max_depth()) or forced:
                 body = json.dumps(data).encode()

@@ -189,3 +189,51 @@ async def test_utility_calls_use_vllm_fan_out_when_it_exists() -> None:
             return ("fan-out", method)
 
     assert await call_utility_all(Client(), "m") == ["fan-out", "m"]
+
+
+def test_the_model_runner_is_the_one_vllm_chose() -> None:
+    from types import SimpleNamespace
+
+    assert compat.uses_v2_runner(SimpleNamespace(use_v2_model_runner=True))
+    assert not compat.uses_v2_runner(SimpleNamespace(use_v2_model_runner=False))
+    assert not compat.uses_v2_runner(SimpleNamespace())  # a vLLM without the property: V1
+
+
+def test_the_v2_runner_applies_budgets_and_a_lower_drafting_count_only_in_the_releases_that_have_them() -> None:
+    """Read from the installed vLLM's V2 runner (not run: it needs triton's GPU backend): its
+    thinking-budget state from 0.31, its per-step drafting count from 0.32 (0.27.1 has neither;
+    the Lvllmds4-x fork, on which DSpark always runs V2, has neither: docs/vllm.md)."""
+    from types import SimpleNamespace
+
+    from packaging.version import Version
+
+    release = Version(find_vllm().version).release
+    v2, v1 = SimpleNamespace(use_v2_model_runner=True), SimpleNamespace(use_v2_model_runner=False)
+    assert compat.runner_applies_thinking_budget(v2) is (release >= (0, 31))
+    assert compat.runner_honours_batch_k(v2) is (release >= (0, 32))
+    assert compat.runner_applies_thinking_budget(v1) and compat.runner_honours_batch_k(v1)
+
+
+def test_a_v2_runner_without_them_is_found_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork's V2 runner as read from its source: no ``gpu/sample/thinking_budget`` module, an
+    ``ExecuteModelState`` without ``num_spec_tokens_to_schedule``."""
+    import importlib.util
+    from types import SimpleNamespace
+    from typing import NamedTuple
+
+    class ExecuteModelState(NamedTuple):
+        input_batch: Any
+
+    real_find_spec, real_attr = importlib.util.find_spec, compat._attr
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name.endswith("thinking_budget") else real_find_spec(name, *args)
+
+    def attr(module: str, name: str) -> Any:
+        return ExecuteModelState if name == "ExecuteModelState" else real_attr(module, name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(compat, "_attr", attr)
+    v2 = SimpleNamespace(use_v2_model_runner=True)
+    assert not compat.runner_applies_thinking_budget(v2)
+    assert not compat.runner_honours_batch_k(v2)
