@@ -72,8 +72,8 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 1,16 --reps 2 --prompts 8 \
       --policies 0:0,1:1,3:3,1:3,adaptive --out "$RES/$s" ;;
-  bench-paired)  # more, shorter repetitions of fewer policies: a cell's noise is mostly its own (neighbouring
-    # cells of one policy differ by ~10% rms, cells six apart by 15-20%), so pairs, not cell length, buy resolution
+  bench-paired)  # more, shorter repetitions of fewer policies: a cell's noise is mostly its own (sessions 9-10:
+    # log deviations from the policy's mean differ by 0.09-0.11 rms between neighbours, 0.13-0.20 five or six apart)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 1,16,64 --reps 6 --prompts 8 \
       --requests-per-slot 4 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
