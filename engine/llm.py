@@ -99,7 +99,7 @@ class PhasespecLLM(AsyncLLM):
     vllm_fixes: tuple[str, ...] = ()
     """engine/vllm_fixes.py fixes applied in the workers (set by engine/runtime.py)."""
     applies_thinking_budget: bool = True
-    """Whether the model runner enforces ``thinking_token_budget`` (not vLLM's V2 runner before 0.32)."""
+    """Whether the model runner enforces ``thinking_token_budget`` (not vLLM's V2 runner before 0.31)."""
     _reasoning_end_len: int = 0
 
     def configure(self, defaults: RequestDefaults) -> None:
