@@ -8,7 +8,9 @@
 # Never two engines at once: a second engine starting while the first exits fails vLLM's memory profiling.
 # Polling: issue the next device call as soon as one returns (a machine idle 30 s is handed back,
 # and the run on it with it); the benchmarks write their tables as they go: tar them to $OUT in every
-# poll (eleventh session: the machine was taken mid-run, nothing had come back).
+# poll (eleventh session: the machine was taken mid-run, nothing had come back), and begin every poll with
+# `test -d ~/gpu_results || exit 3`: a poll that sleeps on a fresh, bare machine spends its sleep on nothing
+# (thirteenth session: 9 minutes).
 set -u
 RES=${RES:-$HOME/gpu_results}
 STEPS=${STEPS:-"bench-mixed-long bench-selfdraft-fdo bench-selfdraft-fap bench-paired"}
