@@ -13,7 +13,7 @@
 # (thirteenth session: 9 minutes).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-mixed-long bench-selfdraft-fdo bench-selfdraft-fap bench-paired"}
+STEPS=${STEPS:-"bench-paired bench-selfdraft-fdo"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
