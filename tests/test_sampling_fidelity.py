@@ -15,7 +15,9 @@ comparison looks at the outcomes each arm sees often enough to compare.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -115,3 +117,27 @@ def test_a_seeded_request_repeats_under_the_same_depth_policy(base_url: str, mod
     assert texts(3) == at_3 and texts(0) == at_0
     changed = sum(a != b for a, b in zip(at_0, at_3, strict=True))
     print(f"same seeds at depth 0 and depth 3: {changed} of 8 texts differ")
+
+
+def test_seeded_requests_whose_prompts_are_chunked_complete_and_draw_as_unchunked(
+    base_url: str, model_name: str
+) -> None:
+    """Two seeded requests of 1,100 prompt tokens arrive while a 2,000-token prefill runs, so the
+    next step takes both and, at 2,048 tokens a step, the second only in part: its first draw is
+    discarded. vLLM rewinds a seeded request's generator there, which killed the CPU engine
+    (engine/vllm_fixes.py). Each then draws what its seed draws alone."""
+    prompts = [[1000 + (7 * i + 13 * k) % 5000 for i in range(1100)] for k in (1, 2)]  # ids no other test sends
+
+    def texts(prompt: list[int], seed: int, max_tokens: int = 8) -> str:
+        body = {"model": model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed}
+        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        return str(response.json()["choices"][0]["text"])
+
+    with ThreadPoolExecutor(3) as pool:
+        blocker = pool.submit(texts, [2000 + i % 3000 for i in range(2000)], 1, 1)
+        time.sleep(0.5)
+        together = list(pool.map(texts, prompts, (41, 42)))
+        blocker.result()
+    assert httpx.get(f"{base_url}/health").status_code == 200
+    assert together == [texts(prompts[0], 41), texts(prompts[1], 42)]
