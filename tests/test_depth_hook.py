@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -54,22 +55,26 @@ def switch_after(engine: PhasespecLLM, request_id: str, n_tokens: int, depth: in
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_greedy_output_is_identical_at_every_depth_and_after_a_switch(engine: PhasespecLLM) -> None:
-    for i in range(N_PROMPTS):
-        text = copy_prompt(i)
-        outputs = {}
-        for depth in (0, 1, K):
-            result = await run(engine, text, f"same-{i}-{depth}", SpecRequest(depth=depth))
+    # Every prompt at once under each policy: lossless in a shared batch, as a server runs (and on
+    # this CPU ten requests together take little longer than one alone).
+    outputs = {}
+    for depth in (0, 1, K):
+        runs = await asyncio.gather(
+            *(run(engine, copy_prompt(i), f"same-{i}-{depth}", SpecRequest(depth=depth)) for i in range(N_PROMPTS))
+        )
+        for result in runs:
             assert result.spec.final is not None
             assert max_drafted(result.spec.final) <= depth
-            outputs[depth] = result.token_ids
-        switched = await run(
-            engine,
-            text,
-            f"same-{i}-switch",
-            SpecRequest(depth=1),
-            on_tokens=switch_after(engine, f"same-{i}-switch", 8, K),
+        outputs[depth] = [result.token_ids for result in runs]
+    switched = await asyncio.gather(
+        *(
+            run(engine, copy_prompt(i), f"same-{i}-switch", SpecRequest(depth=1),
+                on_tokens=switch_after(engine, f"same-{i}-switch", 8, K))
+            for i in range(N_PROMPTS)
         )
-        assert outputs[0] == outputs[1] == outputs[K] == switched.token_ids, f"prompt {i}"
+    )  # fmt: skip
+    for i in range(N_PROMPTS):
+        assert outputs[0][i] == outputs[1][i] == outputs[K][i] == switched[i].token_ids, f"prompt {i}"
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -206,15 +211,18 @@ async def test_unknown_request_is_a_no_op_and_bad_depth_an_error(engine: Phasesp
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_adaptive_keeps_greedy_outputs_identical_through_its_random_steps(engine: PhasespecLLM) -> None:
-    """On this engine (flat step cost at batch 1) the controller decides depth K; what moves
-    depths here are its random exploration steps, which must not change the output."""
+    """All prompts at once, the references, then the adaptive requests. On this engine (flat step
+    cost) the controller decides depth K; what moves depths here are its random exploration steps,
+    which must not change the output."""
+    references = await asyncio.gather(
+        *(run(engine, copy_prompt(i), f"adaptive-ref-{i}", SpecRequest(depth=K), 64, 40) for i in range(N_PROMPTS))
+    )
+    spec = SpecRequest(depth=K, adaptive=True, phase="reasoning")
+    adaptives = await asyncio.gather(
+        *(run(engine, copy_prompt(i), f"adaptive-{i}", replace(spec), 64, 40) for i in range(N_PROMPTS))
+    )
     finals = []
-    for i in range(N_PROMPTS):
-        text = copy_prompt(i)
-        reference = await run(engine, text, f"adaptive-ref-{i}", SpecRequest(depth=K), 64, 40)
-        adaptive = await run(
-            engine, text, f"adaptive-{i}", SpecRequest(depth=K, adaptive=True, phase="reasoning"), 64, 40
-        )
+    for i, (reference, adaptive) in enumerate(zip(references, adaptives, strict=True)):
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
         finals.append(adaptive.spec.final)
     # Decided steps come before the window near the thinking budget (40: no drafts from token 24 on).
