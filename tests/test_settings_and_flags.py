@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -118,6 +119,17 @@ def test_the_command_refuses_a_bad_setting_with_a_message_not_a_traceback() -> N
     assert done.returncode == 1
     assert "phasespec: invalid settings" in done.stderr and "unknown log level 'loud'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_port_in_use_is_refused_before_the_engine_starts() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _phasespec_command("--server.port", str(port))
+    assert done.returncode == 1
+    assert f"phasespec: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr and "vllm" not in done.stderr.lower()
 
 
 @pytest.mark.parametrize(
