@@ -103,8 +103,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ApiKeyMiddleware, keys=server.api_keys, guard_metrics=server.guard_metrics)
     app.add_middleware(DrainMiddleware, drain=drain)
     app.include_router(state_router)
+    # vLLM's engine-error handler stops the server it finds here (its launcher puts its uvicorn
+    # there); without it, a request that meets a dead engine gets a 500 about a missing attribute.
+    vllm_app.state.server = DeadEngineExit(app)
     app.mount("/", vllm_app)
     return app
+
+
+class DeadEngineExit:
+    """What vLLM's engine-error handler sees as the HTTP server: setting ``should_exit`` (vLLM does
+    once the engine core is dead) stops phasespec's server with exit status 1, as ``watch_engine``
+    does a second later, so that a supervisor restarts the process."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+
+    @property
+    def should_exit(self) -> bool:
+        return bool(self._app.state.engine_died)
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            exit_for_dead_engine(self._app)
+
+
+def exit_for_dead_engine(app: FastAPI) -> None:
+    if not app.state.engine_died:
+        log.error("engine_dead", detail="the engine core process died; shutting down (exit status 1)")
+    app.state.engine_died = True
+    app.state.request_exit()
 
 
 def warn_spec_limits(engine: PhasespecLLM, hook: dict[str, Any]) -> None:
@@ -168,9 +196,7 @@ async def watch_engine(engine: PhasespecLLM, app: FastAPI, interval_s: float = 1
     phasespec, with status 1 (proxy/cli.py)."""
     while not engine.errored:
         await asyncio.sleep(interval_s)
-    log.error("engine_dead", detail="the engine core process died; shutting down (exit status 1)")
-    app.state.engine_died = True
-    app.state.request_exit()
+    exit_for_dead_engine(app)
 
 
 def attach_observers(engine: PhasespecLLM, args: argparse.Namespace, settings: Settings, board: StatsBoard) -> None:

@@ -48,6 +48,21 @@ def stream(base_url: str, model: str, i: int, events: list[str], ended: dict[int
         ended[i] = time.monotonic()
 
 
+def complete(base_url: str, model: str, replies: list[httpx.Response | str]) -> None:
+    """A non-streaming request in flight when the engine dies: its reply is the error."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": copy_prompt(STREAMS)}],
+        "max_tokens": 1500,
+        "min_tokens": 1500,
+        "temperature": 0,
+    }
+    try:
+        replies.append(httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120))
+    except httpx.HTTPError as exc:
+        replies.append(f"closed: {type(exc).__name__}")
+
+
 def engine_core(server: ServerProcess) -> psutil.Process:
     assert server.proc is not None
     for child in psutil.Process(server.proc.pid).children(recursive=True):
@@ -60,6 +75,8 @@ def test_engine_death_ends_streams_fails_requests_and_exits_nonzero(doomed: Serv
     events: list[list[str]] = [[] for _ in range(STREAMS)]
     ended: dict[int, float] = {}
     threads = start_streams(stream, [(doomed.base_url, model_name, i, events[i], ended) for i in range(STREAMS)])
+    replies: list[httpx.Response | str] = []
+    threads += start_streams(complete, [(doomed.base_url, model_name, replies)])
     assert all_streaming(events, 3), "every stream is producing tokens"
     core = engine_core(doomed)
     core.kill()
@@ -69,6 +86,11 @@ def test_engine_death_ends_streams_fails_requests_and_exits_nonzero(doomed: Serv
     assert len(ended) == STREAMS and max(ended.values()) - killed_at < 15, "no client hangs"
     for e in events:
         assert e[-1] != "data: [DONE]" or any('"error"' in line for line in e), e[-3:]
+    # vLLM's own error for a dead engine, not a 500 from its handler failing (it stops the server
+    # it expects at app.state.server: proxy/app.py gives it one)
+    [reply] = replies
+    assert isinstance(reply, httpx.Response), reply
+    assert reply.status_code >= 500 and "EngineCore" in reply.json()["error"]["message"], reply.text
     after: dict[str, Any] = {}
     try:
         reply = httpx.post(
