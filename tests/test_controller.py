@@ -8,14 +8,8 @@ import random
 import pytest
 
 from engine.acceptance import Resolved
-from engine.controller import (
-    Candidate,
-    ControllerSettings,
-    DepthController,
-    best_depths,
-    expected_rate,
-    settle,
-)
+from engine.controller import ControllerSettings, DepthController
+from engine.depth_choice import Candidate, best_depths, expected_rate, settle
 from engine.cost_model import CostEstimate, StepCostModel, bucket_of
 from engine.spec_stats import RequestLedger
 
