@@ -17,7 +17,7 @@ from tests.streams import all_streaming, start_streams
 
 pytestmark = pytest.mark.engine
 
-GRACE_S = 12
+GRACE_S = 20
 SHORT_TOKENS = 60
 LONG_TOKENS = 1500  # far more than the grace period allows here (about 40 s)
 

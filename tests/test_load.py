@@ -12,7 +12,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_short_locust_run_reports_stream_and_phase_metrics(base_url: str, tmp_path: Path) -> None:
-    summary = run(parse_args(["--host", base_url, "--users", "2", "--seconds", "12", "--out", str(tmp_path)]))
+    summary = run(parse_args(["--host", base_url, "--users", "2", "--seconds", "30", "--out", str(tmp_path)]))
     assert summary["requests"] >= 2
     assert summary["failures"] == 0 and summary["server_errors_5xx"] == 0
     assert summary["leaked_requests"] == 0
