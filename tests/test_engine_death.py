@@ -28,15 +28,15 @@ def doomed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc.stop()
 
 
+def long_chat(model: str, i: int, **extra: Any) -> dict[str, Any]:
+    """A request that runs far longer than the test takes to kill the engine under it."""
+    content = copy_prompt(i)
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 1500,
+            "min_tokens": 1500, "temperature": 0, **extra}  # fmt: skip
+
+
 def stream(base_url: str, model: str, i: int, events: list[str], ended: dict[int, float]) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": copy_prompt(i)}],
-        "max_tokens": 1500,
-        "min_tokens": 1500,
-        "temperature": 0,
-        "stream": True,
-    }
+    body = long_chat(model, i, stream=True)
     try:
         with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120) as response:
             for line in response.iter_lines():
@@ -50,13 +50,7 @@ def stream(base_url: str, model: str, i: int, events: list[str], ended: dict[int
 
 def complete(base_url: str, model: str, replies: list[httpx.Response | str]) -> None:
     """A non-streaming request in flight when the engine dies: its reply is the error."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": copy_prompt(STREAMS)}],
-        "max_tokens": 1500,
-        "min_tokens": 1500,
-        "temperature": 0,
-    }
+    body = long_chat(model, STREAMS)
     try:
         replies.append(httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120))
     except httpx.HTTPError as exc:
