@@ -26,6 +26,9 @@ pytestmark = pytest.mark.engine
 
 K = 3
 BUDGET = 24
+ANSWER_AFTER = 40
+"""The thinking budget of the requests that go on into an answer (drafts are verified up to
+4(K + 1) tokens before it, engine/controller.py ``budget_hold``)."""
 TOKENS = 96
 """Output tokens of an adaptive request: 40 reasoning (the budget), then the answer."""
 
@@ -38,6 +41,24 @@ async def engine() -> AsyncIterator[PhasespecLLM]:
         assert llm.max_spec_depth == K
         assert llm.vllm_config.speculative_config.method == "draft_model"
         yield llm
+
+
+def to_answer(engine: PhasespecLLM, request_id: str, adaptive: bool = False) -> Any:
+    """An ``on_tokens`` that moves the request into the answer phase once the forced end of thinking
+    is out, as the server's phase tracking does (proxy/observer.py). A request the engine is never
+    told of stays held at its budget (no drafts) to its end."""
+    reasoning = engine.vllm_config.reasoning_config
+    assert reasoning is not None
+    end_len = len(reasoning.reasoning_end_token_ids or ())
+    done = False
+
+    async def on_tokens(n: int) -> None:
+        nonlocal done
+        if not done and n >= ANSWER_AFTER + end_len:
+            done = True
+            assert await engine.set_spec_depth(request_id, K, "answer", adaptive=adaptive)
+
+    return on_tokens
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -86,26 +107,10 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
     engine: PhasespecLLM, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both phases draft on every step; the figures are printed for the docs (docs/gpu.md)."""
-    reasoning = engine.vllm_config.reasoning_config
-    assert reasoning is not None
-    end_len = len(reasoning.reasoning_end_token_ids or ())
-    budget = 40  # drafts are verified up to 4(K + 1) tokens before it
-
-    def to_answer(rid: str) -> Any:
-        done = False
-
-        async def on_tokens(n: int) -> None:
-            nonlocal done
-            if not done and n >= budget + end_len:  # the forced end of thinking is out
-                done = True
-                assert await engine.set_spec_depth(rid, K, "answer")
-
-        return on_tokens
-
     runs = await asyncio.gather(
         *(
-            run(engine, copy_prompt(i), f"sd-acc-{i}", SpecRequest(depth=K, phase="reasoning"), 88, budget,
-                on_tokens=to_answer(f"sd-acc-{i}"))
+            run(engine, copy_prompt(i), f"sd-acc-{i}", SpecRequest(depth=K, phase="reasoning"), 88, ANSWER_AFTER,
+                on_tokens=to_answer(engine, f"sd-acc-{i}"))
             for i in range(6)
         )
     )  # fmt: skip
@@ -138,15 +143,19 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     outputs = 0
     # The references at once, without drafts (greedy output is the same in any batch, at any depth).
     references = await asyncio.gather(
-        *(run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=0), TOKENS, 40) for i in range(6))
+        *(run(engine, copy_prompt(i), f"sd-ref-{i}", SpecRequest(depth=0), TOKENS, ANSWER_AFTER) for i in range(6))
     )
     # The adaptive requests back to back: a window is timed against the one before it only when
     # nothing ran between them (a reference request in between left a depth unlinked, now and then).
-    # Each request's thinking-budget hold (no window runs in it) and its end split windows, so each
-    # gives only a few: with 64 tokens a request, a depth was left unlinked in some module runs.
+    # Each goes on into an adaptive answer, as through the server: told nothing, a request stays
+    # held at its budget to its end, and its 24 reasoning tokens before the hold gave so few
+    # windows that a depth was left unlinked in some module runs.
     for i, reference in enumerate(references):
+        rid = f"sd-adaptive-{i}"
         spec = SpecRequest(depth=K, adaptive=True, phase="reasoning", trace=True)
-        adaptive = await run(engine, copy_prompt(i), f"sd-adaptive-{i}", spec, TOKENS, 40)
+        adaptive = await run(
+            engine, copy_prompt(i), rid, spec, TOKENS, ANSWER_AFTER, on_tokens=to_answer(engine, rid, adaptive=True)
+        )
         assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
         outputs += len(reference.token_ids) + len(adaptive.token_ids)
         final = adaptive.spec.final
