@@ -29,8 +29,8 @@ from engine.acceptance import (
     phase_estimate,
 )
 from engine.cost_model import CostEstimate, StepCostModel
-from engine.spec_stats import ANSWER, TOOL_CALL, RequestLedger
 from engine.depth_choice import Candidate, best_depths, cumulative, settle
+from engine.spec_stats import ANSWER, TOOL_CALL, RequestLedger
 from engine.step_depth import StepDepthChooser
 from engine.step_times import StepWindow
 

@@ -9,8 +9,8 @@ import pytest
 
 from engine.acceptance import Resolved
 from engine.controller import ControllerSettings, DepthController
-from engine.depth_choice import Candidate, best_depths, expected_rate, settle
 from engine.cost_model import CostEstimate, StepCostModel, bucket_of
+from engine.depth_choice import Candidate, best_depths, expected_rate, settle
 from engine.spec_stats import RequestLedger
 
 K = 3
