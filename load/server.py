@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import ssl
@@ -15,6 +16,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 600.0
+ANNOUNCED = re.compile(r"Uvicorn running on https?://[^\s]+:(\d+) ")
 
 
 def free_port() -> int:
@@ -24,7 +26,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m proxy.cli`` (or ``module``, e.g. vLLM's own server) with the given flags."""
+    """``python -m proxy.cli`` (or vLLM's own server) with the given flags; phasespec at its default
+    log level, which logs the port it bound."""
 
     def __init__(
         self,
@@ -35,8 +38,11 @@ class ServerProcess:
         tls_ca: Path | None = None,
     ) -> None:
         """``tls_ca``: the server serves https (its flags carry the certificate); trust this CA."""
-        self.port = free_port()
-        self.base_url = f"{'https' if tls_ca else 'http'}://127.0.0.1:{self.port}"
+        self.port = 0
+        """Known once started: phasespec binds port 0 and says which port it got; vLLM's own
+        server gets a free port found here (a port closed here and bound by the child a moment
+        later could be taken in between, by an engine starting beside it)."""
+        self._scheme = "https" if tls_ca else "http"
         self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else True
         self.log_path = log_path
         self._flags = flags
@@ -47,15 +53,21 @@ class ServerProcess:
     def start(self) -> None:
         log = self.log_path.open("wb")
         if self._vllm_server:
+            self.port = free_port()
             cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
             cmd += ["--port", str(self.port), *self._flags]
         else:
-            cmd = [sys.executable, "-m", "proxy.cli", "--server.port", str(self.port), *self._flags]
+            self.port = 0
+            cmd = [sys.executable, "-m", "proxy.cli", "--server.port", "0", *self._flags]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if not self.port:
+                self.port = self._announced_port()
+                time.sleep(0 if self.port else 1)
+                continue
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2, verify=self.verify).status_code == 200:
                     return
@@ -64,6 +76,16 @@ class ServerProcess:
             time.sleep(1)
         self.stop()
         raise RuntimeError(f"server did not become healthy:\n{self.log_tail()}")
+
+    @property
+    def base_url(self) -> str:
+        return f"{self._scheme}://127.0.0.1:{self.port}"
+
+    def _announced_port(self) -> int:
+        """The port in phasespec's "Uvicorn running on ...:PORT" line (0: not yet logged)."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        found = ANNOUNCED.search(text)
+        return int(found.group(1)) if found else 0
 
     def stop(self, timeout: float = 60) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
