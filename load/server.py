@@ -64,12 +64,9 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if not self.port:
-                self.port = self._announced_port()
-                time.sleep(0 if self.port else 1)
-                continue
+            self.port = self.port or self._announced_port()
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2, verify=self.verify).status_code == 200:
+                if self.port and httpx.get(f"{self.base_url}/health", timeout=2, verify=self.verify).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
