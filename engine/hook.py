@@ -14,8 +14,8 @@ extension points:
 - ``SamplingParams.extra_args[EXTRA_KEY]`` carries the initial depth, phase tag
   and caller id to the scheduler's ``Request``.
 - Engine-core utility calls (``phasespec_*`` methods, added to ``EngineCore``
-  by ``install_utilities`` when the engine core builds its ``DepthScheduler``)
-  change depths between steps and read counters.
+  by ``engine.engine_calls.install_utilities`` when the engine core builds its
+  ``DepthScheduler``) change depths between steps and read counters.
 - Counters are fed from ``make_spec_decoding_stats``, the exact call that
   feeds vLLM's Prometheus spec-decode counters, so they agree to the token.
 
@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
@@ -46,6 +44,7 @@ from engine.compat import (
 )
 from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold
 from engine.emulation import PadCounter, StepEmulation
+from engine.engine_calls import install_utilities
 from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger
 
 PASS_FREE_METHODS = ("ngram", "ngram_gpu", "suffix")
@@ -335,83 +334,3 @@ class AsyncDepthScheduler(DepthScheduler, AsyncScheduler):
 
 def scheduler_class(async_scheduling: bool) -> type[Scheduler]:
     return AsyncDepthScheduler if async_scheduling else DepthScheduler
-
-
-# --- Engine-core utility calls (run between engine steps; no locking needed) ---
-
-
-def _ledger(core: EngineCore) -> SpecLedger:
-    scheduler = core.scheduler
-    if not isinstance(scheduler, DepthScheduler):
-        raise RuntimeError("phasespec's depth hook is not installed in this engine")
-    return scheduler.spec_ledger
-
-
-def _set_depth(self: EngineCore, group: str, depth: int, phase: str | None, adaptive: bool = False) -> bool:
-    scheduler = self.scheduler
-    return _ledger(self).set_depth(group, depth, phase, scheduler.current_step, adaptive)  # type: ignore[attr-defined]
-
-
-def _controller_state(self: EngineCore, reset_window: bool) -> dict[str, Any]:
-    _ledger(self)  # raises if the hook is missing
-    scheduler: DepthScheduler = self.scheduler  # type: ignore[assignment]
-    state = scheduler.controller.snapshot(reset_window)
-    emulation = scheduler.emulation
-    state["emulation"] = {**emulation.describe(), **scheduler.pads.as_dict()} if emulation is not None else None
-    return state
-
-
-def _stats(self: EngineCore, group: str) -> dict[str, Any] | None:
-    return _ledger(self).snapshot(group)
-
-
-def _pop_stats(self: EngineCore, group: str) -> dict[str, Any] | None:
-    return _ledger(self).pop(group)
-
-
-def _hook_state(self: EngineCore) -> dict[str, int]:
-    running, waiting = self.scheduler.get_request_counts()
-    return {**_ledger(self).sizes(), "running": running, "waiting": waiting}
-
-
-def _hook_path(self: EngineCore) -> dict[str, Any]:
-    _ledger(self)  # raises if the hook is missing
-    scheduler: DepthScheduler = self.scheduler  # type: ignore[assignment]
-    return scheduler.describe()
-
-
-def _drain_steps(self: EngineCore) -> list[tuple[int, int, int, float]]:
-    scheduler = self.scheduler
-    _ledger(self)  # raises if the hook is missing
-    steps = list(scheduler.step_log)  # type: ignore[attr-defined]
-    scheduler.step_log.clear()  # type: ignore[attr-defined]
-    return steps
-
-
-def _configure_controller(self: EngineCore, changes: dict[str, Any]) -> dict[str, Any]:
-    """Change controller settings at run time (benchmarks and tests); returns the old values."""
-    _ledger(self)
-    controller: DepthController = self.scheduler.controller  # type: ignore[attr-defined]
-    old = {name: getattr(controller.settings, name) for name in changes}
-    if "explore_depths" in changes:
-        changes = {**changes, "explore_depths": tuple(changes["explore_depths"])}
-    controller.settings = replace(controller.settings, **changes)
-    return old
-
-
-UTILITY_METHODS = {
-    "phasespec_set_depth": _set_depth,
-    "phasespec_stats": _stats,
-    "phasespec_pop_stats": _pop_stats,
-    "phasespec_hook_state": _hook_state,
-    "phasespec_hook_path": _hook_path,
-    "phasespec_drain_steps": _drain_steps,
-    "phasespec_controller_state": _controller_state,
-    "phasespec_configure_controller": _configure_controller,
-}
-
-
-def install_utilities() -> None:
-    """Give vLLM's ``EngineCore`` the ``phasespec_*`` utility methods (idempotent)."""
-    for name, method in UTILITY_METHODS.items():
-        setattr(EngineCore, name, method)

@@ -13,7 +13,7 @@
 # (thirteenth session: 9 minutes).
 set -u
 RES=${RES:-$HOME/gpu_results}
-STEPS=${STEPS:-"bench-paired bench-selfdraft-fdo"}
+STEPS=${STEPS:-"bench-paired bench-mixed-long bench-serve"}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -77,7 +77,7 @@ for s in $STEPS; do
   bench-paired)  # more, shorter repetitions of fewer policies: a cell's noise is mostly its own (sessions 9-10:
     # log deviations from the policy's mean differ by 0.09-0.11 rms between neighbours, 0.13-0.20 five or six apart)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --concurrency 1,16,64 --reps 6 --prompts 8 \
+      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-1,4,16,64} --reps 6 --prompts 8 \
       --requests-per-slot 4 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
   bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
