@@ -117,6 +117,19 @@ def budget_hold(output_tokens: int, budget: int | None, phase: str, max_depth: i
     return output_tokens >= budget - 4 * (max_depth + 1)
 
 
+def depth_tokens_left(
+    output_tokens: int, max_tokens: int | None, budget: int | None, phase: str, max_depth: int
+) -> int | None:
+    """Output tokens before a request's depth stops mattering: its ``max_tokens``, or, while it
+    reasons under a thinking budget, the start of its budget hold (``budget_hold``); None: no end
+    known. After it the request yields a token a step whatever the depth (held, or its slot taken
+    by the next request), which a window of steps chosen for it must count (``StepDepthChooser``)."""
+    ends = [] if max_tokens is None else [max_tokens]
+    if budget is not None and budget >= 0 and phase not in (ANSWER, TOOL_CALL):
+        ends.append(budget - 4 * (max_depth + 1))
+    return max(0, min(ends) - output_tokens) if ends else None
+
+
 @dataclass(slots=True)
 class StepPlan:
     depths: dict[str, int]
@@ -289,8 +302,8 @@ class DepthController:
         chooser, share = self.step_chooser, self.settings.explore_share
         window = chooser.next_step()
         if window is None:  # a new window: only its choice needs the requests' estimates
-            gains, caps, fixed_tokens = self._step_inputs(adaptive, fixed)
-            window = chooser.choose(batch_size, gains, caps, share, fixed_tokens)
+            gains, caps, fixed_tokens, lefts = self._step_inputs(adaptive, fixed)
+            window = chooser.choose(batch_size, gains, caps, share, fixed_tokens, lefts=lefts)
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
         depths = {}
@@ -301,8 +314,8 @@ class DepthController:
             # Its last step: the drafter proposes after it for the next window's first step, as many
             # drafts as this step asks for, so the next window is chosen now (a window chosen a step
             # late verified the old depth's drafts in its first step, at the new depth's cost).
-            gains, caps, fixed_tokens = self._step_inputs(adaptive, fixed)
-            upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True)
+            gains, caps, fixed_tokens, lefts = self._step_inputs(adaptive, fixed)
+            upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True, lefts=lefts)
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request in the step.
         ahead = next_drafts is not None and next_drafts > max([1, *depths.values(), *(d for _, d in fixed)])
@@ -311,9 +324,10 @@ class DepthController:
 
     def _step_inputs(
         self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]]
-    ) -> tuple[list[list[float]], list[int], float]:
+    ) -> tuple[list[list[float]], list[int], float, list[int | None]]:
         """What a window's choice weighs: each adaptive request's expected accepted drafts by depth,
-        its cap, and the expected tokens of the requests at a depth the window does not set."""
+        its cap, the expected tokens of the requests at a depth the window does not set, and each
+        adaptive request's tokens before its depth stops mattering (``depth_tokens_left``)."""
         priors: dict[str, _Prior] = {}
         gains = [cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
         # Requests at a depth the window does not set (held at a thinking budget, static) yield
@@ -324,7 +338,7 @@ class DepthController:
             1 + (cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0.0)
             for request, depth in fixed
         )
-        return gains, [cap for _, cap in adaptive], fixed_tokens
+        return gains, [cap for _, cap in adaptive], fixed_tokens, [request.tokens_left for request, _ in adaptive]
 
     def _explore_share(self, batch: int, cost: CostEstimate | None) -> float:
         """How often to take a random step at this batch size.

@@ -42,7 +42,7 @@ from engine.compat import (
     runner_honours_batch_k,
     uses_v2_runner,
 )
-from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold
+from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold, depth_tokens_left
 from engine.emulation import PadCounter, StepEmulation
 from engine.engine_calls import install_utilities
 from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger
@@ -190,7 +190,7 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(request.request_id)
             if ledger is None:
                 continue
-            ledger.budget_hold = self._near_thinking_budget(request, ledger.phase)
+            ledger.budget_hold, ledger.tokens_left = self._budget_state(request, ledger.phase)
             # Under sync scheduling the drafts for this step are already
             # here; under async they are placeholders, not yet drafted.
             ledger.proposed = len(request.spec_token_ids) if self._shadow else None
@@ -210,10 +210,12 @@ class DepthScheduler(Scheduler):
                 ledger.choose(self.current_step, depth, self.controller.estimates(ledger), per_draft_ms)
         return plan
 
-    def _near_thinking_budget(self, request: Request, phase: str) -> bool:
+    def _budget_state(self, request: Request, phase: str) -> tuple[bool, int | None]:
+        """Whether it is held at its thinking budget, and its tokens before depth stops mattering."""
         params = request.sampling_params
         budget = params.thinking_token_budget if params is not None else None
-        return budget_hold(request.num_output_tokens, budget, phase, self.num_spec_tokens)
+        out, k = request.num_output_tokens, self.num_spec_tokens
+        return budget_hold(out, budget, phase, k), depth_tokens_left(out, request.max_tokens, budget, phase, k)
 
     def _book_proposals(self, output: SchedulerOutput, proposals: dict[str, list[int]], limit: int) -> None:
         spec = output.scheduled_spec_decode_tokens

@@ -101,6 +101,9 @@ class RequestLedger:
     """Adaptive: the controller's last decided depth (random steps aside)."""
     budget_hold: bool = False
     """Close to its thinking budget: verifies no drafts, whatever the depth (engine/hook.py)."""
+    tokens_left: int | None = None
+    """Output tokens before its depth stops mattering (its max_tokens, its thinking-budget hold),
+    None when no end is known; the hook sets it every step (``depth_tokens_left``)."""
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
     depth_log: list[tuple[int, int, str]] = field(default_factory=list)
     """(engine step, depth or cap, phase) at submission and at every change from the front end."""

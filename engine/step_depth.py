@@ -12,11 +12,18 @@ This chooser runs windows of 8 steps at one depth D, learns the step time at
 each D per batch-size bucket (decode steps only) and picks the D with the most
 expected tokens per second, every adaptive request verifying min(cap, D):
 
-    rate(D) = (F + sum_i (1 + E_i(min(cap_i, D)))) / T(D)
+    rate(D) = (F + sum_i y_i(D)) / T(D),   y_i(D) = 1 + E_i(min(cap_i, D))
 
 E_i is the request's expected accepted drafts (the controller's estimates); F the
 expected tokens of the batch's requests at a depth the window does not set (held
-at a thinking budget: 1 each), which every depth's T(D) includes.
+at a thinking budget: 1 each), which every depth's T(D) includes. A request with
+L tokens left before its depth stops mattering (its max_tokens, its thinking-budget
+hold) that a window of W steps would exhaust (W y > L) yields, a step over the
+window, (L + W - L / y) / W: its L tokens, then one a step (held, or its slot
+taken by the next request). Without that, a window chosen as a batch starts its
+16-token answers priced depth 3 at 2.75 tokens a request a step for 8 steps, and
+yielded 0.83 of what it was priced at (fifteenth GPU session, c=64: depth-3
+windows at 0.79-0.83, depth 1 at 0.97; docs/gpu.md).
 
 T(D) comes from windows compared with their neighbours, never from windows far
 apart in time. A window's time is its mean step time (each step from the update
@@ -104,10 +111,12 @@ class StepDepthChooser:
         explore_share: float,
         fixed_tokens: float = 0.0,
         ahead: bool = False,
+        lefts: Sequence[int | None] | None = None,
     ) -> StepWindow:
         """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d;
         ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set.
-        ``ahead``: chosen at the last step of the window before it, so its first step is the next one."""
+        ``ahead``: chosen at the last step of the window before it, so its first step is the next one.
+        ``lefts[i]``: request i's tokens before its depth stops mattering (None: no end known)."""
         window = self.next_step()
         if window is not None:
             return window
@@ -124,7 +133,10 @@ class StepDepthChooser:
             # steps of 96-149 ms against ~12), and the second is the pair's first half for the next.
             depth = self.repeat = self.rng.choice(untimed)
         else:
-            rates = [self.rate(d, estimates, gains, caps, fixed_tokens) for d in range(self.max_depth + 1)]
+            rates = [
+                self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts))
+                for d in range(self.max_depth + 1)
+            ]
             stale = self.stale(table, rates, explore_share)
             if stale is not None:
                 depth = self.repeat = stale
@@ -132,7 +144,7 @@ class StepDepthChooser:
                 depth = max(range(self.max_depth + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
-        self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens)
+        self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts)
         return self.current
 
     def next_step(self) -> StepWindow | None:
@@ -159,25 +171,32 @@ class StepDepthChooser:
         return min(due)[1] if due else None
 
     @staticmethod
-    def rate(
-        depth: int,
-        table: Sequence[float | None],
-        gains: Sequence[Sequence[float]],
-        caps: Sequence[int],
-        fixed_tokens: float = 0.0,
-    ) -> float:
-        """Expected tokens per second at ``depth``, with ``fixed_tokens`` a step from requests whose
-        depth it does not set."""
+    def rate(depth: int, table: Sequence[float | None], tokens: float) -> float:
+        """Expected tokens per second at ``depth``, for ``tokens`` a step."""
         seconds = table[depth]
         assert seconds is not None
-        tokens = StepDepthChooser.tokens_at(depth, gains, caps, fixed_tokens)
         return tokens / seconds if seconds > 0 else math.inf
 
-    @staticmethod
-    def tokens_at(depth: int, gains: Sequence[Sequence[float]], caps: Sequence[int], fixed_tokens: float) -> float:
-        """Expected tokens of a step at ``depth``: each request's 1 + E(min(cap, depth)), plus those of the
-        requests whose depth the window does not set."""
-        return fixed_tokens + sum(1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True))
+    def tokens_at(
+        self,
+        depth: int,
+        gains: Sequence[Sequence[float]],
+        caps: Sequence[int],
+        fixed_tokens: float,
+        lefts: Sequence[int | None] | None = None,
+    ) -> float:
+        """Expected tokens a step of a window at ``depth``: each request's 1 + E(min(cap, depth)), less
+        what the window would run past its tokens left, plus those of the requests whose depth the
+        window does not set."""
+        steps = self.window_steps
+        total = fixed_tokens
+        for i, (g, cap) in enumerate(zip(gains, caps, strict=True)):
+            y = 1 + g[min(cap, depth)]
+            left = lefts[i] if lefts is not None else None
+            if left is not None and steps * y > left:
+                y = (left + steps - left / y) / steps
+            total += y
+        return total
 
     def step_finished(
         self, window: StepWindow, batch: int, previous_update: float, now: float, tokens: int = 0

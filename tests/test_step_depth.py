@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.controller import ControllerSettings, DepthController
+from engine.controller import ControllerSettings, DepthController, depth_tokens_left
 from engine.cost_model import bucket_of
 from engine.spec_stats import RequestLedger
 from engine.step_depth import StepDepthChooser
@@ -90,6 +90,36 @@ def test_caps_bound_what_a_depth_is_worth() -> None:
     assert chooser.choose(16, [STRONG] * 16, [K] * 16, explore_share=0.0).depth == 3
     chooser.current = None
     assert chooser.choose(16, [STRONG] * 16, [1] * 16, explore_share=0.0).depth == 1, "deeper buys nothing capped at 1"
+
+
+# The fifteenth GPU session's c=64 step times: its windows' pairs replayed give depths 1-3 at
+# 1.14, 1.46 and 1.61x depth 0 (docs/gpu.md), here on a 20 ms depth 0.
+C64_MS = [20.0, 22.8, 29.2, 32.2]
+ANSWER = [0.0, 0.70, 1.26, 1.75]  # its answers' accepted drafts by depth
+
+
+def test_a_window_counts_only_the_tokens_a_request_has_left() -> None:
+    """A batch starting its 16-token answers: priced at 2.75 tokens a request a step, depth 3 would
+    win, but 8 steps of it run past the answers' ends; counted to them, depth 1 does."""
+    batch = 64
+    assert timed(C64_MS, bucket_of(batch)).choose(batch, [ANSWER] * batch, [K] * batch, 0.0).depth == 3
+    chooser = timed(C64_MS, bucket_of(batch))
+    window = chooser.choose(batch, [ANSWER] * batch, [K] * batch, 0.0, lefts=[16] * batch)
+    assert window.depth == 1
+    # 16 tokens in 16 / 2.75 steps, then one a step: 2.27 a step over the window.
+    assert chooser.tokens_at(3, [ANSWER], [K], 0.0, [16]) == pytest.approx((16 + 8 - 16 / 2.75) / 8)
+    assert chooser.tokens_at(1, [ANSWER], [K], 0.0, [16]) == pytest.approx(1.70), "not exhausted: as priced"
+    assert chooser.tokens_at(3, [ANSWER], [K], 0.0, [0]) == pytest.approx(1.0), "ended: one a step"
+    assert window.predicted == pytest.approx(batch * 1.70)
+
+
+def test_tokens_left_end_at_max_tokens_or_the_thinking_budget_hold() -> None:
+    assert depth_tokens_left(10, 64, None, "answer", K) == 54
+    assert depth_tokens_left(10, None, None, "reasoning", K) is None
+    # Reasoning under a budget of 48: held from 48 - 4 x (K + 1) = 32 output tokens.
+    assert depth_tokens_left(10, 64, 48, "reasoning", K) == 22
+    assert depth_tokens_left(40, 64, 48, "reasoning", K) == 0
+    assert depth_tokens_left(40, 64, 48, "answer", K) == 24, "the budget binds only while reasoning"
 
 
 def finish_window(
