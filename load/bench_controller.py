@@ -1,6 +1,8 @@
 """What the adaptive controller costs per engine step, at a given batch size.
 
     .venv/bin/python -m load.bench_controller --batch 64 --steps 2000
+    .venv/bin/python -m load.bench_controller --batch 64 --step-depth    # one depth per step (model drafters)
+    .venv/bin/python -m load.bench_controller --batch 64 --static 1      # static depth 1: the baseline
 
 Runs the hook's per-step pure work outside the engine, on synthetic drafts:
 ``DepthController.plan`` for the batch, then per request what
@@ -27,15 +29,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--step-depth", action="store_true", help="the adaptive policy's one depth per step")
+    parser.add_argument("--static", type=int, default=None, metavar="DEPTH", help="static requests at DEPTH")
     cfg = parser.parse_args()
     rng = random.Random(0)
     k = cfg.k
-    ctrl = DepthController(k, ControllerSettings(seed=1))
+    ctrl = DepthController(k, ControllerSettings(seed=1, step_depth=cfg.step_depth))
     ids = [f"req-{i}" for i in range(cfg.batch)]
     phases = {rid: rng.choice(("reasoning", "answer")) for rid in ids}
     requests = {rid: RequestLedger(rid, k, phases[rid], k, engine_id=rid) for rid in ids}
     for r in requests.values():
-        r.set_mode(k, adaptive=True)
+        r.set_mode(k if cfg.static is None else cfg.static, adaptive=cfg.static is None)
     books = {rid: ShadowBook() for rid in ids}
     outputs: dict[str, list[int]] = {rid: [] for rid in ids}
     timings = []
@@ -49,7 +53,7 @@ def main() -> None:
             requests[rid].proposed = len(drafts[rid])
         plan = ctrl.plan(list(requests.values()))
         for rid in ids:
-            depth = plan.depths[rid]
+            depth = plan.depths.get(rid, requests[rid].verified_depth)
             out = outputs[rid]
             books[rid].propose(len(out), drafts[rid], k, depth, phases[rid])
             accepted = min(runs[rid], depth)
@@ -66,7 +70,8 @@ def main() -> None:
     timings.sort()
     mean_ms = statistics.fmean(timings) * 1e3
     p99_ms = timings[int(0.99 * len(timings))] * 1e3
-    what = "controller + shadow bookkeeping per step"
+    policy = f"static {cfg.static}" if cfg.static is not None else "step depth" if cfg.step_depth else "adaptive"
+    what = f"{policy}: controller + shadow bookkeeping per step"
     print(f"batch {cfg.batch}, K={k}: {what}: mean {mean_ms:.3f} ms, p99 {p99_ms:.3f} ms")
 
 
