@@ -9,7 +9,8 @@ other in a random order drawn afresh for every repetition (seeded). Each
 request reasons for ``--reasoning-budget`` tokens (vLLM's thinking budget
 forces ``</think>``) and then answers for ``--answer-tokens``: the reasoning
 share of tokens is set by these two.
-Writes ``policies.csv``, ``cost_curve.csv``, ``cells.csv`` and ``policies.png``.
+Writes ``policies.csv``, ``cost_curve.csv`` (all policies), ``cost_by_policy.csv``, ``cells.csv`` and
+``policies.png``.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ async def run_cell(
     if policy.adaptive:
         window = (await engine.controller_state(reset_window=True))["phases"]
         cell.chosen = {name: stats["steps_by_depth"] for name, stats in window.items() if sum(stats["steps_by_depth"])}
-    steps = [[concurrency, *step] for step in await engine.drain_step_log()]
+    steps = [[concurrency, *step, policy.name] for step in await engine.drain_step_log()]
+    cell.timed_steps, cell.timed_s = len(steps), sum(step[4] for step in steps)
     return cell, steps, outputs
 
 
@@ -274,9 +276,10 @@ def write_tables(
     """The cells so far, their steps and decisions, and the controller's state (after every
     repetition's concurrency as well as at the end: a machine lost mid-run keeps what ran)."""
     rows = summarize(cells)
-    curve = cost_curve([(s[0], s[1], s[2], s[3], s[4]) for s in steps])
+    curve = cost_curve(steps)
     write_csv(out / "policies.csv", rows)
     write_csv(out / "cost_curve.csv", curve)
+    write_csv(out / "cost_by_policy.csv", cost_curve(steps, by_policy=True))
     write_csv(
         out / "cells.csv",
         [
@@ -292,6 +295,9 @@ def write_tables(
                 "engine_steps": c.engine_steps,
                 "ms_per_engine_step": round(1e3 * c.wall_s / c.engine_steps, 3) if c.engine_steps else None,
                 "tokens_per_engine_step": round(c.tokens / c.engine_steps, 3) if c.engine_steps else None,
+                "timed_steps": c.timed_steps,
+                "timed_ms_per_step": round(1e3 * c.timed_s / c.timed_steps, 3) if c.timed_steps else None,
+                "timed_share_of_wall": round(c.timed_s / c.wall_s, 3) if c.wall_s > 0 else None,
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),
                 "kinds": json.dumps(c.kinds),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,11 @@ class Cell:
     mean step time seen from outside, tokens / steps the tokens a step yields."""
     kinds: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     """Per kind of request (the workload's ``copy``/``free``), the per-phase totals."""
+    timed_steps: int = 0
+    timed_s: float = 0.0
+    """Decode steps the hook timed in the cell (the worker went straight into them), and their time:
+    ``timed_s`` / ``wall_s`` is the share of the wall in timed decode steps, the rest is prefills,
+    steps not timed and idle gaps, so a cell's loss can be placed in its steps or between them."""
 
     @property
     def tok_s(self) -> float:
@@ -188,23 +194,26 @@ def _matches(group: list[Cell]) -> str | None:
     return f"{sum(c.matches_uncapped or 0 for c in checked)}/{sum(c.requests for c in checked)}"
 
 
-def cost_curve(steps: list[tuple[int, int, int, float, int]]) -> list[dict[str, Any]]:
-    """Mean step time by tokens verified per step, per concurrency.
+def cost_curve(steps: Sequence[Sequence[Any]], by_policy: bool = False) -> list[dict[str, Any]]:
+    """Mean step time by tokens verified per step, per concurrency (and policy).
 
-    ``steps``: (concurrency, requests in step, tokens verified, drafts, seconds).
+    ``steps``: (concurrency, requests in step, tokens verified, drafts, seconds, policy name).
+    By policy, one policy's steps can be set against another's of the same shape: whether a
+    policy loses in its steps' time or in the shapes it runs.
     """
-    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for conc, _, tokens, _, seconds in steps:
-        groups[(conc, tokens)].append(seconds)
+    groups: dict[tuple[int, str, int], list[float]] = defaultdict(list)
+    for conc, _, tokens, _, seconds, *rest in steps:
+        groups[(conc, str(rest[0]) if by_policy and rest else "", tokens)].append(seconds)
     return [
         {
             "concurrency": conc,
+            **({"policy": policy} if by_policy else {}),
             "tokens_per_step": tokens,
             "steps": len(times),
             "mean_ms": round(1000 * statistics.fmean(times), 3),
             "p50_ms": round(1000 * statistics.median(times), 3),
         }
-        for (conc, tokens), times in sorted(groups.items())
+        for (conc, policy, tokens), times in sorted(groups.items())
     ]
 
 

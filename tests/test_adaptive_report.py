@@ -7,6 +7,7 @@ import json
 import pytest
 
 from load.adaptive_report import Board, adaptive_targets, twin_table
+from load.policy_report import cost_curve
 
 
 def cells(table: dict[int, dict[str, float]], conc: int = 1) -> list[dict[str, str]]:
@@ -76,3 +77,20 @@ def test_adaptive_is_set_beside_the_a_a_twin_of_the_policy_it_is_compared_with()
     assert len(lines) == 3, "one twin: one row"
     assert lines[2].startswith("| 4 | fixed-1 | 0.925 [0.900, 0.950] | 0.995 [0.900, 1.100] |")
     assert twin_table(cells({0: {"fixed-1": 10.0, "adaptive": 9.0}})) == [], "no twin, no table"
+
+
+def test_step_costs_split_by_policy_set_one_policys_steps_beside_anothers_of_the_same_shape() -> None:
+    # (concurrency, requests, tokens verified, drafts, seconds, policy)
+    steps = [
+        (16, 16, 32, 16, 0.014, "fixed-1"),
+        (16, 16, 32, 16, 0.016, "fixed-1"),
+        (16, 16, 32, 16, 0.018, "adaptive"),
+        (16, 16, 16, 0, 0.012, "adaptive"),
+    ]
+    by_policy = {(r["policy"], r["tokens_per_step"]): r for r in cost_curve(steps, by_policy=True)}
+    assert by_policy[("fixed-1", 32)]["mean_ms"] == pytest.approx(15.0)
+    assert by_policy[("adaptive", 32)]["mean_ms"] == pytest.approx(18.0)
+    assert by_policy[("adaptive", 16)]["steps"] == 1 and ("fixed-1", 16) not in by_policy
+    pooled = {r["tokens_per_step"]: r for r in cost_curve(steps)}
+    assert "policy" not in pooled[32] and pooled[32]["steps"] == 3
+    assert pooled[32]["mean_ms"] == pytest.approx(16.0)
