@@ -112,21 +112,25 @@ def budget_hold(output_tokens: int, budget: int | None, phase: str, max_depth: i
     the front end reports the end of reasoning: greedy output is then the
     same at every depth, and the forced string is the one configured.
     """
+    start = hold_start(budget, phase, max_depth)
+    return start is not None and output_tokens >= start
+
+
+def hold_start(budget: int | None, phase: str, max_depth: int) -> int | None:
+    """The output token from which ``budget_hold`` holds a request (None: it is not held)."""
     if budget is None or budget < 0 or phase in (ANSWER, TOOL_CALL):
-        return False
-    return output_tokens >= budget - 4 * (max_depth + 1)
+        return None
+    return budget - 4 * (max_depth + 1)
 
 
 def depth_tokens_left(
     output_tokens: int, max_tokens: int | None, budget: int | None, phase: str, max_depth: int
 ) -> int | None:
     """Output tokens before a request's depth stops mattering: its ``max_tokens``, or, while it
-    reasons under a thinking budget, the start of its budget hold (``budget_hold``); None: no end
+    reasons under a thinking budget, the start of its budget hold (``hold_start``); None: no end
     known. After it the request yields a token a step whatever the depth (held, or its slot taken
     by the next request), which a window of steps chosen for it must count (``StepDepthChooser``)."""
-    ends = [] if max_tokens is None else [max_tokens]
-    if budget is not None and budget >= 0 and phase not in (ANSWER, TOOL_CALL):
-        ends.append(budget - 4 * (max_depth + 1))
+    ends = [end for end in (max_tokens, hold_start(budget, phase, max_depth)) if end is not None]
     return max(0, min(ends) - output_tokens) if ends else None
 
 

@@ -190,9 +190,8 @@ class StepDepthChooser:
         window does not set."""
         steps = self.window_steps
         total = fixed_tokens
-        for i, (g, cap) in enumerate(zip(gains, caps, strict=True)):
+        for g, cap, left in zip(gains, caps, lefts if lefts is not None else [None] * len(gains), strict=True):
             y = 1 + g[min(cap, depth)]
-            left = lefts[i] if lefts is not None else None
             if left is not None and steps * y > left:
                 y = (left + steps - left / y) / steps
             total += y

@@ -202,8 +202,8 @@ def cost_curve(steps: Sequence[Sequence[Any]], by_policy: bool = False) -> list[
     policy loses in its steps' time or in the shapes it runs.
     """
     groups: dict[tuple[int, str, int], list[float]] = defaultdict(list)
-    for conc, _, tokens, _, seconds, *rest in steps:
-        groups[(conc, str(rest[0]) if by_policy and rest else "", tokens)].append(seconds)
+    for conc, _, tokens, _, seconds, policy in steps:
+        groups[(conc, policy if by_policy else "", tokens)].append(seconds)
     return [
         {
             "concurrency": conc,
