@@ -148,9 +148,9 @@ class StepPlan:
     next_drafts: int | None = None
     """The last step of a window: what the next window's first step verifies, which the drafter
     drafts after this step (vLLM sizes the next proposal by this step's count)."""
-    drafts_ahead: bool = False
-    """``next_drafts`` makes this step draft more than its own depths would: it costs the next
-    window's drafting passes, so it counts in its window but is not timed there."""
+    drafts_for_next: bool = False
+    """``next_drafts`` makes this step draft another number of passes than its own depths would: it
+    runs the next window's drafting, so it counts in its window but is not timed there."""
 
 
 _Prior = tuple[Weights, tuple[list[float], list[float]]]
@@ -234,6 +234,14 @@ class DepthController:
         if request.rates is None:
             return []
         return request.rates.estimate(self.weight_chooser(request.rates_phase).best())[0]
+
+    def next_depth(self, request: RequestLedger) -> int:
+        """The depth an adaptive request verifies at its next step, as far as known after this
+        step's plan: one depth a step, that of the window the next step runs in (chosen at a
+        window's last step; a request in its prefill, not planned yet, gets it too); per request,
+        its latest choice (its cap before the first)."""
+        window = self.step_chooser.current if self.settings.step_depth else None
+        return request.depth if window is None else min(request.cap, window.depth)
 
     def _candidate(self, request: RequestLedger, low: int, high: int, priors: dict[str, _Prior]) -> Candidate:
         """The request's estimates; ``priors`` caches each phase's weight and (c, p) within one step."""
@@ -321,10 +329,11 @@ class DepthController:
             gains, caps, fixed_tokens, lefts = self._step_inputs(adaptive, fixed)
             upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True, lefts=lefts)
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
-        # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request in the step.
-        ahead = next_drafts is not None and next_drafts > max([1, *depths.values(), *(d for _, d in fixed)])
+        # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request's next step.
+        held = [d for _, d in fixed]
+        other = next_drafts is not None and max(1, next_drafts, *held) != max([1, *depths.values(), *held])
         # No shadow steps: a step that drafts K would be timed as this depth's.
-        return StepPlan(depths, False, None, False, window, next_drafts, ahead)
+        return StepPlan(depths, False, None, False, window, next_drafts, other)
 
     def _step_inputs(
         self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]]
@@ -390,9 +399,9 @@ class DepthController:
         """A decode step of ``plan`` finished at ``now`` with ``tokens`` new tokens, the update before
         it at ``previous_update``."""
         if plan.step_window is not None:
-            # A step drafting for a deeper window next ran that window's passes: its tokens are its
+            # A step drafting for a window of another depth ran that window's passes: its tokens are its
             # window's, its time is not (timed, a 1 -> 3 switch priced depth 1 an eighth of the way to 3).
-            timed_from = 0.0 if plan.drafts_ahead else previous_update
+            timed_from = 0.0 if plan.drafts_for_next else previous_update
             self.step_chooser.step_finished(plan.step_window, batch, timed_from, now, tokens)
 
     def count(self, phase: str, depth: int, tokens: int) -> None:

@@ -84,6 +84,27 @@ class OwnTime:
         return round(1e6 * self.seconds / self.steps, 1) if self.steps else None
 
 
+class DraftPasses:
+    """The drafter's passes for the steps that verified drafts: its count when it proposed them
+    (``num_spec_tokens_to_schedule`` of the step before), and the passes beyond the deepest depth the
+    step verified (vLLM drafts at least one): drafting paid for and cut unverified."""
+
+    __slots__ = ("passes", "steps", "unverified")
+
+    def __init__(self) -> None:
+        self.steps = self.passes = self.unverified = 0
+
+    def add(self, count: int, output: SchedulerOutput) -> None:
+        spec = output.scheduled_spec_decode_tokens
+        scheduled = output.num_scheduled_tokens
+        if not any(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items()):
+            return  # no request decoding: no drafts were proposed for this step
+        deepest = max(map(len, spec.values()), default=0)
+        self.steps += 1
+        self.passes += count
+        self.unverified += max(0, count - max(deepest, 1))
+
+
 class DepthScheduler(Scheduler):
     """vLLM's scheduler, verifying at most each request's own depth of drafts."""
 
@@ -125,6 +146,7 @@ class DepthScheduler(Scheduler):
         self._last_update = 0.0
         self._plan: StepPlan | None = None
         self.own_time = OwnTime()
+        self.draft_passes = DraftPasses()
 
     def describe(self) -> dict[str, Any]:
         """Which path this engine takes: for ``/phasespec/state`` and the startup log."""
@@ -142,6 +164,9 @@ class DepthScheduler(Scheduler):
             "hook_us_per_step": self.own_time.us_per_step(),
             "hook_cpu_s": self.own_time.seconds,
             "hook_steps": self.own_time.steps,
+            "draft_steps": self.draft_passes.steps,
+            "draft_passes": self.draft_passes.passes,
+            "draft_passes_unverified": self.draft_passes.unverified,
         }
 
     def add_request(self, request: Request) -> None:
@@ -179,6 +204,8 @@ class DepthScheduler(Scheduler):
         output = super().schedule(*args, **kwargs)
         base_s = time.perf_counter() - base_started
         self._inflight[id(output)] = (started, self._plan)
+        if self._has_batch_k:
+            self.draft_passes.add(limit, output)
         if proposals:
             self._book_proposals(output, proposals, limit)
         self.own_time.add(time.perf_counter() - started - base_s)
@@ -207,7 +234,7 @@ class DepthScheduler(Scheduler):
                 ledger.explored_steps += 1
                 ledger.depth = depth
             else:
-                ledger.choose(self.current_step, depth, self.controller.estimates(ledger), per_draft_ms)
+                ledger.choose(self.current_step, depth, self.controller.estimates, per_draft_ms)
         return plan
 
     def _budget_state(self, request: Request, phase: str) -> tuple[bool, int | None]:
@@ -293,12 +320,8 @@ class DepthScheduler(Scheduler):
         # Before the base class: the async scheduler sizes its placeholders from it.
         full_draft = self._plan is not None and self._plan.full_draft
         if self._lower_batch_k and scheduler_output.num_scheduled_tokens and not full_draft:
-            wanted = max(
-                self.num_spec_tokens if depth is None else depth
-                for depth in map(self.spec_ledger.depth_of, scheduler_output.num_scheduled_tokens)
-            )
-            if self._plan is not None and self._plan.next_drafts is not None:
-                wanted = max(wanted, self._plan.next_drafts)  # the next step's window, chosen now
+            # What the drafter proposes after this step is what the next step verifies.
+            wanted = max(map(self._next_depth, scheduler_output.num_scheduled_tokens))
             # Never 0: vLLM's drafters are not written for an empty proposal.
             scheduler_output.num_spec_tokens_to_schedule = min(
                 scheduler_output.num_spec_tokens_to_schedule, max(wanted, 1)
@@ -306,6 +329,18 @@ class DepthScheduler(Scheduler):
         if self._has_batch_k:
             self._draft_limit = scheduler_output.num_spec_tokens_to_schedule or self.num_spec_tokens
         super()._update_after_schedule(scheduler_output)
+
+    def _next_depth(self, engine_id: str) -> int:
+        """The drafts a scheduled request may verify in its next step (the controller's, for an
+        adaptive one: under one depth a step, the window the next step runs in, which a request in
+        its prefill gets too; counted at its cap, every arrival made the drafter draft K for the
+        whole batch, and a window's last step drafted its own depth for a shallower next window)."""
+        ledger = self.spec_ledger.get(engine_id)
+        if ledger is None:
+            return self.num_spec_tokens
+        if ledger.adaptive and not ledger.budget_hold:
+            return self.controller.next_depth(ledger)
+        return ledger.verified_depth
 
     def make_spec_decoding_stats(  # type: ignore[no-untyped-def]
         self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens, num_invalid_spec_tokens, request_id

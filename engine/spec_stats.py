@@ -13,6 +13,7 @@ accepted / steps (it includes the bonus token).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,12 +155,15 @@ class RequestLedger:
         self.adaptive = adaptive
         self.cap = self.decided = self.depth = depth
 
-    def choose(self, step: int, depth: int, why: list[float], per_draft_ms: float | None) -> None:
-        """The controller's depth for the next step (logged when it changes)."""
+    def choose(
+        self, step: int, depth: int, why: Callable[[RequestLedger], list[float]], per_draft_ms: float | None
+    ) -> None:
+        """The controller's depth for the next step (logged when it changes, with ``why(self)``: the
+        estimates it was chosen from, computed only then)."""
         if depth != self.decided or not self.decisions_total:
             self.decisions_total += 1
             if len(self.decisions) < DECISION_LOG_CAP:
-                self.decisions.append([step, depth, self.phase, [round(c, 3) for c in why], per_draft_ms])
+                self.decisions.append([step, depth, self.phase, [round(c, 3) for c in why(self)], per_draft_ms])
         self.depth = self.decided = depth
 
 

@@ -166,6 +166,9 @@ async def run_cell(
     hook_steps = cell.engine_steps = hook_after["hook_steps"] - hook_before["hook_steps"]
     if hook_steps:
         cell.hook_us_per_step = 1e6 * (hook_after["hook_cpu_s"] - hook_before["hook_cpu_s"]) / hook_steps
+    cell.draft_steps, cell.draft_passes, cell.draft_passes_unverified = (
+        hook_after[key] - hook_before[key] for key in ("draft_steps", "draft_passes", "draft_passes_unverified")
+    )
     cell.tokens = sum(len(o) for o in outputs)
     if reference is not None:
         cell.matches_uncapped = sum(outputs[i] == reference.get(i) for i in range(len(prompts)))
@@ -298,6 +301,10 @@ def write_tables(
                 "timed_steps": c.timed_steps,
                 "timed_ms_per_step": round(1e3 * c.timed_s / c.timed_steps, 3) if c.timed_steps else None,
                 "timed_share_of_wall": round(c.timed_s / c.wall_s, 3) if c.wall_s > 0 else None,
+                "draft_passes_per_step": round(c.draft_passes / c.draft_steps, 3) if c.draft_steps else None,
+                "unverified_passes_per_step": (
+                    round(c.draft_passes_unverified / c.draft_steps, 3) if c.draft_steps else None
+                ),
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),
                 "kinds": json.dumps(c.kinds),

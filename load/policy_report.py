@@ -82,6 +82,11 @@ class Cell:
     """Decode steps the hook timed in the cell (the worker went straight into them), and their time:
     ``timed_s`` / ``wall_s`` is the share of the wall in timed decode steps, the rest is prefills,
     steps not timed and idle gaps, so a cell's loss can be placed in its steps or between them."""
+    draft_steps: int = 0
+    draft_passes: int = 0
+    draft_passes_unverified: int = 0
+    """Steps that verified drafts, the drafter's passes for them, and the passes beyond the deepest
+    depth each verified (engine/hook.py ``DraftPasses``): drafting paid for and cut."""
 
     @property
     def tok_s(self) -> float:

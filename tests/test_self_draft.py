@@ -182,3 +182,35 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     odd = [w for w in windows if not (1 <= w[7] <= 1 + w[1] and 0 < w[8] <= 1 + w[1])]
     assert not odd, str(odd)
     assert any(w[8] > 1 for w in windows if w[1] > 0), "accepted drafts reach the windows' token counts"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_arriving_adaptive_request_does_not_make_the_batch_draft_past_its_window(
+    engine: PhasespecLLM,
+) -> None:
+    # The drafter drafts after a step as many positions as the step's deepest request asks for. A
+    # request in its prefill has not been planned yet: counted at its cap (K), every arrival made the
+    # drafter draft K for the batch while the window verified fewer (engine/hook.py ``_next_depth``).
+    # No thinking budget in reach: a request entering its budget hold verifies 0 the step after
+    # drafting at its window's depth, which is not what this test is about.
+    def adaptive(i: int, tag: str) -> Any:
+        spec = SpecRequest(depth=K, adaptive=True, phase="answer")
+        return run(engine, copy_prompt(i), f"sd-arrive-{tag}-{i}", spec, 32, 10_000)
+
+    await adaptive(0, "warm")  # the chooser has a window running
+    before = await engine.spec_hook_path()
+    await engine.controller_state(reset_window=True)
+    for i in range(1, 4):  # one at a time: each arrives into an empty batch
+        await adaptive(i, "alone")
+
+    async def late(i: int) -> Any:  # arrives while the other one decodes
+        await asyncio.sleep(0.5)
+        return await adaptive(i, "late")
+
+    await asyncio.gather(adaptive(4, "first"), late(5))
+    after = await engine.spec_hook_path()
+    steps = after["draft_steps"] - before["draft_steps"]
+    unverified = after["draft_passes_unverified"] - before["draft_passes_unverified"]
+    windows = (await engine.controller_state())["step_depth_windows"]
+    assert steps > 0 and windows
+    assert unverified == 0, (unverified, steps, [w[1] for w in windows])

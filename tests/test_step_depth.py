@@ -272,12 +272,15 @@ def test_a_window_s_last_step_drafts_for_the_next_window_which_then_runs_all_its
         assert plan.next_drafts == (following.depth if i % steps == steps - 1 else None)
         window = plan.step_window
         assert window is not None
-        assert plan.drafts_ahead == (plan.next_drafts is not None and plan.next_drafts > max(window.depth, 1))
+        assert plan.drafts_for_next == (
+            plan.next_drafts is not None and max(plan.next_drafts, 1) != max(window.depth, 1)
+        )
 
 
-def test_a_step_drafting_ahead_for_a_deeper_window_counts_in_its_window_but_is_not_timed() -> None:
+def test_a_step_drafting_for_a_window_of_another_depth_counts_in_its_window_but_is_not_timed() -> None:
     """The last step of a depth-1 window before a depth-3 one runs depth 3's drafting passes: timed as
-    depth 1's, it priced depth 1 an eighth of the way to depth 3 (the pairs saw depth 3 cheaper)."""
+    depth 1's, it priced depth 1 an eighth of the way to depth 3 (the pairs saw depth 3 cheaper).
+    Going shallower it drafts the next window's fewer passes, and would price its own depth low."""
     ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=5))
     batch = [request("a", "reasoning", K, True), request("b", "answer", K, True)]
     clock, ahead = 1.0, []
@@ -285,14 +288,14 @@ def test_a_step_drafting_ahead_for_a_deeper_window_counts_in_its_window_but_is_n
         plan = ctrl.plan(batch)
         window = plan.step_window
         assert window is not None
-        # The step costs what it drafts: its own depth's passes, or the next window's when deeper.
-        passes = max(1, window.depth, plan.next_drafts or 0)
+        # The step costs what it drafts: its own depth's passes, or at a window's end the next one's.
+        passes = max(1, window.depth if plan.next_drafts is None else plan.next_drafts)
         end = clock + 0.020 + 0.010 * passes
         ctrl.decode_step_timed(plan, 2, clock, end, tokens=2)
-        if plan.drafts_ahead:
+        if plan.drafts_for_next:
             ahead.append(window)
         clock = end
-    assert ahead, "some window was followed by a deeper one"
+    assert ahead, "some window was followed by one of another depth"
     for window in ahead:
         assert window.finished == window_steps(ctrl) and window.tokens == 2 * window_steps(ctrl)
         assert window.steps_s == pytest.approx([0.020 + 0.010 * max(1, window.depth)] * (window_steps(ctrl) - 1))
