@@ -56,10 +56,11 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --workload mixed --concurrency 16 --reps ${REPS:-4} --prompts 8 \
       --requests-per-slot 6 --policies 0:0,1:1,3:3,adaptive,1:1=aa --out "$RES/$s" ;;
-  tests-lookahead)  # a window drafted for by the step before it, under async scheduling
+  tests-lookahead)  # a window drafted for by the step before it, and an arrival drafted for at its window's
+    # depth, under async scheduling
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m pytest -p no:cacheprovider -rA \
-      "tests/test_self_draft.py::test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lossless" ;;
+      step "$s" python3 -m pytest -p no:cacheprovider -rA tests/test_self_draft.py \
+      -k "adaptive_takes_one_depth_per_step or arriving_adaptive_request" ;;
   bench-long-reasoning)  # 160 thinking tokens, not 48: the budget hold (16 tokens, then the end string) an eighth
     # of each response instead of a third, as in real reasoning; is adaptive's c=16 loss the held waves?
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
