@@ -417,12 +417,16 @@ class DepthController:
 
     def snapshot(self, reset_window: bool) -> dict[str, Any]:
         phases = {}
-        for name, rates in self.phases.items():
+        # A phase that only ran without drafts (depth 0 under async scheduling: no shadow drafts) has
+        # no estimates, but its steps and tokens count (left out, /phasespec/state and the summary
+        # lost them: GPU session 17).
+        for name in dict.fromkeys([*self.phases, *self.window]):
             window = self.window.get(name) or PhaseWindow(self.max_depth)
+            rates = self.phases.get(name)
             phases[name] = {
-                "acceptance_by_position": [round(c, 4) for c in rates.accepted()],
-                "proposed_by_position": [round(p, 4) for p in rates.proposed()],
-                "samples_by_position": [round(w, 1) for w in rates.samples()],
+                "acceptance_by_position": [] if rates is None else [round(c, 4) for c in rates.accepted()],
+                "proposed_by_position": [] if rates is None else [round(p, 4) for p in rates.proposed()],
+                "samples_by_position": [] if rates is None else [round(w, 1) for w in rates.samples()],
                 "steps_by_depth": list(window.steps_by_depth),
                 "tokens": window.tokens,
                 "request_weight": self.weight_chooser(name).as_dict(),

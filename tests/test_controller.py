@@ -407,3 +407,14 @@ def test_the_budget_hold_starts_4_k_plus_1_tokens_before_the_budget_in_reasoning
     assert budget_hold(0, 8, "default", 3), "a budget inside the first 4(K+1) tokens holds from the start"
     assert not budget_hold(40, 48, "answer", 3) and not budget_hold(40, 48, "tool_call", 3)
     assert not budget_hold(40, None, "reasoning", 3)
+
+
+def test_a_phase_that_ran_without_drafts_keeps_its_steps_and_tokens_in_the_snapshot() -> None:
+    """Under async scheduling a depth-0 phase is never observed (no shadow drafts): its tokens still count."""
+    ctrl = DepthController(3)
+    ctrl.count("reasoning", 0, 5)
+    ctrl.count("reasoning", 0, 1)
+    phase = ctrl.snapshot(reset_window=True)["phases"]["reasoning"]
+    assert phase["tokens"] == 6 and phase["steps_by_depth"] == [2, 0, 0, 0]
+    assert phase["acceptance_by_position"] == [], "no estimate where nothing was verified"
+    assert ctrl.snapshot(reset_window=False)["phases"] == {}
