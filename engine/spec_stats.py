@@ -218,10 +218,6 @@ class SpecLedger:
         self._live[engine_id] = ledger
         self._groups.setdefault(group, []).append(engine_id)
 
-    def depth_of(self, engine_id: str) -> int | None:
-        ledger = self._live.get(engine_id)
-        return ledger.verified_depth if ledger is not None else None
-
     def get(self, engine_id: str) -> RequestLedger | None:
         return self._live.get(engine_id)
 
