@@ -46,11 +46,14 @@ both ways, whose mean cancels it and a steady trend.
 
 A depth not yet linked to the others at this batch size is tried first, for two
 windows (its first steps at a bucket pay one-time costs). A depth the choice
-passes over is run again, for two windows, once it has not run for
-K / ``explore_share`` windows of this bucket times its patience: 1 for a depth
-within ``close_gap`` (5%) of the best rate, up to ``max_patience`` (2) for one
-further below. ``load/chooser_sim.py`` replays these rules against step times
-drawn from a GPU run's measured scatter (a simulation, docs/gpu.md).
+passes over is run again, for two windows, once it has not run for its wait
+times its patience: 1 for a depth within ``close_gap`` (5%) of the best rate, up
+to ``max_patience`` (2) for one further below. The wait is half the windows this
+bucket has had so far (at least 16), at most K / ``explore_share``: a close
+depth is re-checked often while the estimates are young and rest on few pairs,
+then at the fixed interval. ``load/chooser_sim.py`` replays these rules against
+step times drawn from a GPU run's measured scatter, ``load/chooser_sweep.py``
+against every recorded run's (simulations, docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -82,7 +85,12 @@ class StepDepthChooser:
     """A passed-over depth within this share of the best rate is re-run every K / explore_share
     windows; one further below waits proportionally longer."""
     max_patience: float = 2.0
-    """The longest a passed-over depth waits, in units of K / explore_share windows."""
+    """The longest a passed-over depth waits, in units of its wait."""
+    rerun_fraction: float = 0.5
+    """A passed-over depth's wait: this share of the bucket's windows so far (1: never before
+    K / explore_share: the earlier rule)..."""
+    min_rerun_wait: int = 16
+    """... but at least this many windows, and at most K / explore_share."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -157,16 +165,18 @@ class StepDepthChooser:
 
     def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
         """The passed-over depth to run again now, if any (the longest unrun of those due): one that
-        has not run for K / ``explore_share`` windows of this bucket times its patience, its gap
-        below the best rate in units of ``close_gap``, between 1 and ``max_patience``."""
+        has not run for its wait (``rerun_fraction`` of this bucket's windows, between
+        ``min_rerun_wait`` and K / ``explore_share``) times its patience, its gap below the best rate
+        in units of ``close_gap``, between 1 and ``max_patience``."""
         if explore_share <= 0:
             return None
         best = max(rates)
+        wait = min(self.max_depth / explore_share, max(self.min_rerun_wait, self.rerun_fraction * table.windows))
         due = []
         for d, rate in enumerate(rates):
             gap = 1 - rate / best if best > 0 else 0.0
             patience = min(max(1.0, gap / self.close_gap), self.max_patience)
-            if table.windows - table.last_window[d] > self.max_depth / explore_share * patience:
+            if table.windows - table.last_window[d] > wait * patience:
                 due.append((table.last_window[d], d))
         return min(due)[1] if due else None
 

@@ -116,6 +116,7 @@ def run(
     blind: bool = False,
     cells: tuple[int, int] | None = None,
     slow_start: tuple[float, int] = (1.0, 0),
+    chooser_type: type[StepDepthChooser] = StepDepthChooser,
 ) -> float:
     """Tokens per second over ``steps`` steps: at a fixed ``depth``, or the chooser's (None).
 
@@ -132,7 +133,7 @@ def run(
     that the batch yields what the cells measured, and the held ones as ``fixed_tokens``, or not
     at all with ``blind`` (the chooser before it counted them)."""
     factors = noise.factors(seed)
-    chooser = StepDepthChooser(len(scenario.step_ms) - 1, random.Random(seed + 1))
+    chooser = chooser_type(len(scenario.step_ms) - 1, random.Random(seed + 1))
     n_held = round(scenario.batch * held)
     adaptive = scenario.batch - n_held
     scale = scenario.batch / adaptive
@@ -179,6 +180,7 @@ def compare(
     blind: bool = False,
     cells: tuple[int, int] | None = None,
     slow_start: tuple[float, int] = (1.0, 0),
+    chooser_type: type[StepDepthChooser] = StepDepthChooser,
 ) -> dict[str, float]:
     """Chooser over the best static depth (in hindsight, per seed), median and worst over seeds."""
     ratios = []
@@ -187,7 +189,8 @@ def compare(
             run(scenario, noise, steps, seed, d, cells=cells, slow_start=slow_start)
             for d in range(len(scenario.step_ms))
         ]
-        ratios.append(run(scenario, noise, steps, seed, None, held, blind, cells, slow_start) / max(static))
+        chosen = run(scenario, noise, steps, seed, None, held, blind, cells, slow_start, chooser_type)
+        ratios.append(chosen / max(static))
     return {"median": statistics.median(ratios), "worst": min(ratios)}
 
 

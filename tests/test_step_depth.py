@@ -182,6 +182,24 @@ def test_a_passed_over_depth_is_explored_for_two_windows_and_its_pairs_reprice_i
     assert estimates[1] == pytest.approx(0.020), "two re-runs' pairs, there and back, outvote the old one"
 
 
+def test_a_close_passed_over_depth_waits_half_the_buckets_windows_and_a_far_one_twice_that() -> None:
+    chooser = StepDepthChooser(K, random.Random(0))
+    table = chooser.bucket(4)
+    close, far = [1.0, 0.97, 0.5, 0.5], [1.0, 0.5, 0.5, 0.5]  # rates: depth 1 within 5% of the best, or not
+
+    def due(windows: int, last: int, rates: list[float], explore: float = 0.05) -> bool:
+        table.windows = windows
+        table.last_window = [windows, last, windows, windows]
+        return chooser.stale(table, rates, explore) == 1
+
+    assert not due(30, 14, close) and due(30, 13, close), "at least 16 windows"
+    assert not due(80, 40, close) and due(80, 39, close), "half the bucket's 80 windows"
+    assert not due(400, 340, close) and due(400, 339, close), "at most K / explore_share = 60"
+    assert not due(80, 0, far), "a depth 50% below waits twice as long: 2 x 40 windows at 80"
+    assert not due(200, 80, far) and due(200, 79, far), "2 x 60 once half the windows pass 60"
+    assert chooser.stale(table, close, 0.0) is None, "no re-runs without exploration"
+
+
 def test_bunched_updates_time_a_window_by_its_mean_step() -> None:
     """Under async scheduling a stalled update and the one right after it split one step's time
     unevenly (seen on the H200: a 0.6 ms "step" at batch 1); the window's sum is unchanged."""

@@ -1,0 +1,140 @@
+"""SIMULATION: the step chooser's re-run rule against every recorded GPU noise (``load/chooser_sim.py``).
+
+``chooser_sim`` replays one run's noise; this sweeps the rule that decides when a passed-over depth
+is run again (``StepDepthChooser.stale``) over many: every ``controller.json`` with window times
+(the noise) x every ``cells.csv`` with all static depths (the scenarios) x concurrency 1, 4, 16, 64
+x how the run is read:
+
+- ``cold-600``, ``cold-2000``, ``cold-5000``: a fresh chooser, every step counted (a server's start
+  and its long run);
+- ``bench``: as ``load/bench_policies.py`` runs adaptive, cells of 300 steps with 110 windows of
+  other policies between them, after one uncounted warm-up cell; ``bench-slow``: the same on a host
+  whose first windows run 2x slower, fading over 20 windows (the H100 hosts' warm-up).
+
+Printed per rule and reading: the mean over noise x scenario x concurrency of the chooser's median
+(and worst) ratio to the best static depth in hindsight, seed by seed. Rules (``RULES``):
+
+- ``shipped``: the engine's rule (engine/step_depth.py): a passed-over depth waits half the
+  bucket's windows so far (at least 16, at most K / explore_share) times its patience;
+- ``constant``: the rule before: it waits K / explore_share windows times its patience;
+- ``thin``: three quarters of the windows, and a depth priced by fewer than 4 pairs waits as a
+  close one does, whatever its gap (the seventeenth GPU session's failure: depth 1 at c=16 priced
+  from 3 pairs, judged 17% worse, never re-run).
+
+    python -m load.chooser_sweep --seeds 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.step_depth import StepDepthChooser
+from engine.step_times import BucketTimes
+from load import chooser_sim
+
+RESULTS = Path(__file__).parent / "results"
+Reading = tuple[int, tuple[int, int] | None, tuple[float, int]]
+READINGS: dict[str, Reading] = {
+    # (steps counted, (steps per cell, windows between cells) or None, (first-window slowness, fade))
+    "cold-600": (600, None, (1.0, 0)),
+    "cold-2000": (2000, None, (1.0, 0)),
+    "cold-5000": (5000, None, (1.0, 0)),
+    "bench": (300, (300, 110), (1.0, 0)),
+    "bench-slow": (300, (300, 110), (2.0, 20)),
+}
+
+
+@dataclass(slots=True)
+class Constant(StepDepthChooser):
+    """The earlier rule: a passed-over depth waits K / explore_share windows (times its patience)."""
+
+    rerun_fraction: float = 1.0
+
+
+@dataclass(slots=True)
+class Thin(StepDepthChooser):
+    """A depth priced by fewer than ``thin_pairs`` pairs waits as a close one does, whatever its gap."""
+
+    rerun_fraction: float = 0.75
+    thin_pairs: int = 4
+
+    def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
+        pairs = [0] * len(rates)
+        for (a, b), logs in table.pairs.items():
+            pairs[a] += len(logs)
+            pairs[b] += len(logs)
+        best = max(rates)
+        # A thin depth is priced at the best rate, so its patience is 1.
+        seen = [best if n < self.thin_pairs else rate for n, rate in zip(pairs, rates, strict=True)]
+        return super().stale(table, seen, explore_share)
+
+
+RULES: dict[str, type[StepDepthChooser]] = {"shipped": StepDepthChooser, "constant": Constant, "thin": Thin}
+
+
+def recorded(results: Path) -> tuple[list[Path], list[Path]]:
+    """Runs with window times (noise) and runs with every static depth's cells (scenarios)."""
+    noises = [
+        p.parent
+        for p in sorted(results.glob("gpu-*/*/controller.json"))
+        if len(json.loads(p.read_text()).get("step_depth_windows") or []) >= 100
+    ]
+    cells = []
+    for p in sorted(results.glob("gpu-*/*/cells.csv")):
+        rows = list(csv.DictReader(p.open()))
+        policies = {r["policy"] for r in rows}
+        concurrencies = {r["concurrency"] for r in rows}
+        if (
+            {"none", "fixed-1", "fixed-2", "fixed-3"} <= policies
+            and {"1", "4", "16", "64"} <= concurrencies
+            and "ms_per_engine_step" in rows[0]
+        ):
+            cells.append(p)
+    return noises, cells
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--readings", default=",".join(READINGS))
+    parser.add_argument("--rules", default=",".join(RULES))
+    cfg = parser.parse_args(argv)
+    noises, cells = recorded(cfg.results)
+    readings = cfg.readings.split(",")
+    print(f"SIMULATION. {len(noises)} noises x {len(cells)} scenario runs x 4 concurrencies, {cfg.seeds} seeds.")
+    print("| rule | " + " | ".join(f"{r}: median (worst)" for r in readings) + " |")
+    print("| --- |" + " --- |" * len(readings))
+    for rule in cfg.rules.split(","):
+        cols = []
+        for reading in readings:
+            medians, worsts = [], []
+            for noise_dir, cell_file in itertools.product(noises, cells):
+                windows = json.loads((noise_dir / "controller.json").read_text())["step_depth_windows"]
+                noise = chooser_sim.Noise.from_windows(windows)
+                for scenario in chooser_sim.scenarios_from_cells(cell_file, [1, 4, 16, 64]):
+                    steps, bench_cells, slow_start = READINGS[reading]
+                    result = chooser_sim.compare(
+                        scenario,
+                        noise,
+                        steps,
+                        cfg.seeds,
+                        cells=bench_cells,
+                        slow_start=slow_start,
+                        chooser_type=RULES[rule],
+                    )
+                    medians.append(result["median"])
+                    worsts.append(result["worst"])
+            cols.append(f"{statistics.mean(medians):.4f} ({statistics.mean(worsts):.3f})")
+        print(f"| {rule} | " + " | ".join(cols) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
