@@ -73,7 +73,7 @@ class Thin(StepDepthChooser):
         best = max(rates)
         # A thin depth is priced at the best rate, so its patience is 1.
         seen = [best if n < self.thin_pairs else rate for n, rate in zip(pairs, rates, strict=True)]
-        return super().stale(table, seen, explore_share)
+        return StepDepthChooser.stale(self, table, seen, explore_share)  # slots dataclass: no bare super()
 
 
 RULES: dict[str, type[StepDepthChooser]] = {"shipped": StepDepthChooser, "constant": Constant, "thin": Thin}
