@@ -35,3 +35,28 @@ def test_the_session7_scatter_costs_the_chooser_little_against_the_best_static_d
     assert 0.8 < noise.steady[len(noise.steady) // 10] < 0.9 and noise.lag1 > 0.5, "the measured scatter"
     (scenario,) = scenarios_from_cells(SESSION7 / "cells.csv", [16])
     assert compare(scenario, noise, 5000, 10)["median"] > 0.95
+
+
+def test_the_sweeps_rules_differ_where_they_say() -> None:
+    """load/chooser_sweep.py: ``constant`` waits K / explore_share windows whatever the bucket's age,
+    ``thin`` re-runs a far depth priced by fewer than 4 pairs as soon as a close one."""
+    import random
+
+    from engine.step_depth import StepDepthChooser
+    from load.chooser_sweep import RULES
+
+    close, far = [1.0, 0.97, 0.5, 0.5], [1.0, 0.5, 0.5, 0.5]
+
+    def due(rule: str, windows: int, last: int, rates: list[float], pairs: int = 0) -> bool:
+        chooser: StepDepthChooser = RULES[rule](3, random.Random(0))
+        table = chooser.bucket(4)
+        table.windows, table.last_window = windows, [windows, last, windows, windows]
+        for _ in range(pairs):
+            table.add(0, 0.01, adjacent=True)
+            table.add(1, 0.01, adjacent=True)
+        return chooser.stale(table, rates, 0.05) == 1
+
+    assert due("shipped", 40, 19, close) and not due("constant", 40, 19, close)
+    assert due("constant", 100, 39, close), "60 windows"
+    assert due("thin", 40, 9, far) and not due("shipped", 40, 9, far)
+    assert not due("thin", 40, 9, far, pairs=3), "5 pairs price it: its patience is its gap's"
