@@ -82,8 +82,8 @@ class StepDepthChooser:
     min_timed: int = 3
     """A window with fewer timed steps (prefills, a batch that changed bucket) is not kept."""
     close_gap: float = 0.05
-    """A passed-over depth within this share of the best rate is re-run every K / explore_share
-    windows; one further below waits proportionally longer."""
+    """A passed-over depth within this share of the best rate is re-run after its wait; one further
+    below waits proportionally longer."""
     max_patience: float = 2.0
     """The longest a passed-over depth waits, in units of its wait."""
     rerun_fraction: float = 0.5

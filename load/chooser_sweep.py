@@ -67,9 +67,9 @@ class Thin(StepDepthChooser):
 
     def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
         pairs = [0] * len(rates)
-        for (a, b), logs in table.pairs.items():
-            pairs[a] += len(logs)
-            pairs[b] += len(logs)
+        for (a, b), (_, n) in table.links().items():
+            pairs[a] += n
+            pairs[b] += n
         best = max(rates)
         # A thin depth is priced at the best rate, so its patience is 1.
         seen = [best if n < self.thin_pairs else rate for n, rate in zip(pairs, rates, strict=True)]
@@ -79,14 +79,15 @@ class Thin(StepDepthChooser):
 RULES: dict[str, type[StepDepthChooser]] = {"shipped": StepDepthChooser, "constant": Constant, "thin": Thin}
 
 
-def recorded(results: Path) -> tuple[list[Path], list[Path]]:
-    """Runs with window times (noise) and runs with every static depth's cells (scenarios)."""
-    noises = [
-        p.parent
-        for p in sorted(results.glob("gpu-*/*/controller.json"))
-        if len(json.loads(p.read_text()).get("step_depth_windows") or []) >= 100
-    ]
-    cells = []
+def recorded(results: Path) -> tuple[list[chooser_sim.Noise], list[chooser_sim.Scenario]]:
+    """The window noise of every run with window times, and the scenarios (concurrency 1, 4, 16, 64)
+    of every run with every static depth's cells."""
+    noises = []
+    for p in sorted(results.glob("gpu-*/*/controller.json")):
+        windows = json.loads(p.read_text()).get("step_depth_windows") or []
+        if len(windows) >= 100:
+            noises.append(chooser_sim.Noise.from_windows(windows))
+    scenarios = []
     for p in sorted(results.glob("gpu-*/*/cells.csv")):
         rows = list(csv.DictReader(p.open()))
         policies = {r["policy"] for r in rows}
@@ -96,8 +97,8 @@ def recorded(results: Path) -> tuple[list[Path], list[Path]]:
             and {"1", "4", "16", "64"} <= concurrencies
             and "ms_per_engine_step" in rows[0]
         ):
-            cells.append(p)
-    return noises, cells
+            scenarios += chooser_sim.scenarios_from_cells(p, [1, 4, 16, 64])
+    return noises, scenarios
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,32 +108,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--readings", default=",".join(READINGS))
     parser.add_argument("--rules", default=",".join(RULES))
     cfg = parser.parse_args(argv)
-    noises, cells = recorded(cfg.results)
+    noises, scenarios = recorded(cfg.results)
     readings = cfg.readings.split(",")
-    print(f"SIMULATION. {len(noises)} noises x {len(cells)} scenario runs x 4 concurrencies, {cfg.seeds} seeds.")
+    print(f"SIMULATION. {len(noises)} noises x {len(scenarios)} scenarios, {cfg.seeds} seeds.")
     print("| rule | " + " | ".join(f"{r}: median (worst)" for r in readings) + " |")
     print("| --- |" + " --- |" * len(readings))
     for rule in cfg.rules.split(","):
         cols = []
         for reading in readings:
-            medians, worsts = [], []
-            for noise_dir, cell_file in itertools.product(noises, cells):
-                windows = json.loads((noise_dir / "controller.json").read_text())["step_depth_windows"]
-                noise = chooser_sim.Noise.from_windows(windows)
-                for scenario in chooser_sim.scenarios_from_cells(cell_file, [1, 4, 16, 64]):
-                    steps, bench_cells, slow_start = READINGS[reading]
-                    result = chooser_sim.compare(
-                        scenario,
-                        noise,
-                        steps,
-                        cfg.seeds,
-                        cells=bench_cells,
-                        slow_start=slow_start,
-                        chooser_type=RULES[rule],
-                    )
-                    medians.append(result["median"])
-                    worsts.append(result["worst"])
-            cols.append(f"{statistics.mean(medians):.4f} ({statistics.mean(worsts):.3f})")
+            steps, bench_cells, slow_start = READINGS[reading]
+            results = [
+                chooser_sim.compare(
+                    scenario,
+                    noise,
+                    steps,
+                    cfg.seeds,
+                    cells=bench_cells,
+                    slow_start=slow_start,
+                    chooser_type=RULES[rule],
+                )
+                for noise, scenario in itertools.product(noises, scenarios)
+            ]
+            median = statistics.mean(r["median"] for r in results)
+            worst = statistics.mean(r["worst"] for r in results)
+            cols.append(f"{median:.4f} ({worst:.3f})")
         print(f"| {rule} | " + " | ".join(cols) + " |", flush=True)
 
 
