@@ -84,6 +84,17 @@ class OwnTime:
         return round(1e6 * self.seconds / self.steps, 1) if self.steps else None
 
 
+class CoreTime:
+    """Wall time of whole ``schedule`` and ``update_from_output`` calls, vLLM's work inside them
+    included: with the step time beside it, whether the engine core's loop, not the GPU, sets the
+    pace (a benchmark compares policies by it; ``OwnTime`` is the hook's share of it)."""
+
+    __slots__ = ("schedule_s", "update_s")
+
+    def __init__(self) -> None:
+        self.schedule_s = self.update_s = 0.0
+
+
 class DraftPasses:
     """The drafter's passes for the steps that verified drafts: its count when it proposed them
     (``num_spec_tokens_to_schedule`` of the step before), and the passes beyond the deepest depth the
@@ -146,6 +157,7 @@ class DepthScheduler(Scheduler):
         self._last_update = 0.0
         self._plan: StepPlan | None = None
         self.own_time = OwnTime()
+        self.core_time = CoreTime()
         self.draft_passes = DraftPasses()
 
     def describe(self) -> dict[str, Any]:
@@ -164,6 +176,10 @@ class DepthScheduler(Scheduler):
             "hook_us_per_step": self.own_time.us_per_step(),
             "hook_cpu_s": self.own_time.seconds,
             "hook_steps": self.own_time.steps,
+            "schedule_s": self.core_time.schedule_s,
+            "update_s": self.core_time.update_s,
+            # The engine core process's CPU time, all its threads (the GPU worker's among them).
+            "process_cpu_s": time.process_time(),
             "draft_steps": self.draft_passes.steps,
             "draft_passes": self.draft_passes.passes,
             "draft_passes_unverified": self.draft_passes.unverified,
@@ -208,7 +224,9 @@ class DepthScheduler(Scheduler):
             self.draft_passes.add(limit, output)
         if proposals:
             self._book_proposals(output, proposals, limit)
-        self.own_time.add(time.perf_counter() - started - base_s)
+        ended = time.perf_counter()
+        self.own_time.add(ended - started - base_s)
+        self.core_time.schedule_s += ended - started
         return output
 
     def _plan_depths(self) -> StepPlan | None:
@@ -293,7 +311,9 @@ class DepthScheduler(Scheduler):
             previous = self._last_update if elapsed is not None else 0.0
             self.controller.decode_step_timed(plan, len(scheduled), previous, now, step_tokens)
         self._last_update = now
-        self.own_time.add(time.perf_counter() - own_started - base_s, step_done=True)
+        ended = time.perf_counter()
+        self.own_time.add(ended - own_started - base_s, step_done=True)
+        self.core_time.update_s += ended - own_started
         return result
 
     def _step_seconds(self, started: float, tokens: int) -> float | None:

@@ -89,7 +89,9 @@ def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
     for conc in concs:
         # An A/A twin is kept out of every "best" (as in load/policy_report.py): the larger of two
         # runs of one policy is that policy's luck (tenth GPU session: fixed-1-aa "best" at c >= 4).
-        static = {n: board.mean(conc, n) for n in board.policies(conc) - {"adaptive"} if not n.endswith("-aa")}
+        # A capped adaptive policy (adaptive-R-A) is no static one either.
+        static_names = [n for n in board.policies(conc) if not n.endswith("-aa") and not n.startswith("adaptive")]
+        static = {n: board.mean(conc, n) for n in static_names}
         best_static = max(static, key=static.__getitem__)
         fixed = {k: v for k, v in static.items() if k.startswith("fixed-")}
         best_fixed = max(fixed, key=fixed.__getitem__)

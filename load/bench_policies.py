@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--policies",
         default="all",
         help="'all' (every map, then adaptive) or e.g. '0:0,1:2,adaptive,3:3=aa' (reasoning:answer; "
-        "'=NAME' runs a static policy a second time under another name: the A/A control)",
+        "'=NAME' runs a static policy a second time under another name: the A/A control; "
+        "'adaptive@R:A' the adaptive policy with caps R and A, named adaptive-R-A)",
     )
     parser.add_argument(
         "--emulate",
@@ -97,11 +98,14 @@ def parse_policies(text: str, max_depth: int) -> list[Policy]:
         if item == "adaptive":
             policies.append(adaptive)
             continue
-        depths, _, twin = item.partition("=")
+        capped = item.startswith("adaptive@")
+        depths, _, twin = item.removeprefix("adaptive@").partition("=")
         reasoning, answer = (int(x) for x in depths.split(":"))
         if not (0 <= reasoning <= max_depth and 0 <= answer <= max_depth):
             raise SystemExit(f"policy {item}: depths must be in 0..{max_depth}")
-        policies.append(Policy(reasoning, answer, twin=twin))
+        if capped and twin:
+            raise SystemExit(f"policy {item}: an A/A twin is a static policy's")
+        policies.append(Policy(reasoning, answer, adaptive=capped, twin=twin, capped=capped))
     return policies
 
 
@@ -169,6 +173,10 @@ async def run_cell(
     cell.draft_steps, cell.draft_passes, cell.draft_passes_unverified = (
         hook_after[key] - hook_before[key] for key in ("draft_steps", "draft_passes", "draft_passes_unverified")
     )
+    if "schedule_s" in hook_after:
+        cell.schedule_s, cell.update_s, cell.process_cpu_s = (
+            hook_after[key] - hook_before[key] for key in ("schedule_s", "update_s", "process_cpu_s")
+        )
     cell.tokens = sum(len(o) for o in outputs)
     if reference is not None:
         cell.matches_uncapped = sum(outputs[i] == reference.get(i) for i in range(len(prompts)))
@@ -305,6 +313,9 @@ def write_tables(
                 "unverified_passes_per_step": (
                     round(c.draft_passes_unverified / c.draft_steps, 3) if c.draft_steps else None
                 ),
+                "schedule_us_per_step": round(1e6 * c.schedule_s / c.engine_steps, 1) if c.engine_steps else None,
+                "update_us_per_step": round(1e6 * c.update_s / c.engine_steps, 1) if c.engine_steps else None,
+                "process_cpu_share": round(c.process_cpu_s / c.wall_s, 3) if c.wall_s > 0 else None,
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),
                 "kinds": json.dumps(c.kinds),

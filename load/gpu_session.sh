@@ -80,6 +80,11 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-1,4,16,64} --reps 6 --prompts 8 \
       --requests-per-slot 4 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
+  bench-core-time)  # adaptive's depth-1 steps took ~14.3 ms against fixed-1's 12.4 at c=64 (session 18): the
+    # engine core's schedule/update time per step, and adaptive capped at 1 (no depth 2-3 windows)
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-16,64} --reps 4 --prompts 8 \
+      --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa --out "$RES/$s" ;;
   bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \

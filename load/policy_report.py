@@ -26,13 +26,16 @@ class Policy:
     """Adaptive: reasoning and answer are caps; the engine's controller chooses."""
     twin: str = ""
     """A/A control: the same static policy under a second name, kept out of every "best"."""
+    capped: bool = False
+    """An adaptive policy with caps below K (``adaptive@R:A``), named for them: not "the" adaptive
+    policy, and kept out of every "best" as adaptive is."""
 
     @property
     def name(self) -> str:
         if self.twin:
             return f"{replace(self, twin='').name}-{self.twin}"
         if self.adaptive:
-            return "adaptive"
+            return f"adaptive-{self.reasoning}-{self.answer}" if self.capped else "adaptive"
         if self.reasoning == self.answer:
             return "none" if self.reasoning == 0 else f"fixed-{self.reasoning}"
         return f"map-{self.reasoning}-{self.answer}"
@@ -87,6 +90,12 @@ class Cell:
     draft_passes_unverified: int = 0
     """Steps that verified drafts, the drafter's passes for them, and the passes beyond the deepest
     depth each verified (engine/hook.py ``DraftPasses``): drafting paid for and cut."""
+    schedule_s: float = 0.0
+    update_s: float = 0.0
+    process_cpu_s: float = 0.0
+    """The engine core's wall time in whole ``schedule`` and ``update_from_output`` calls (vLLM's
+    work in them included; engine/hook.py ``CoreTime``) and its process's CPU time, over the cell:
+    per step beside the step time, whether the core's loop sets the pace."""
 
     @property
     def tok_s(self) -> float:
