@@ -9,6 +9,8 @@ before any call can arrive.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +82,22 @@ def _configure_controller(self: EngineCore, changes: dict[str, Any]) -> dict[str
     return old
 
 
+def _cpu_probe(self: EngineCore, rounds: int = 5) -> float:
+    """Seconds a fixed piece of pure-Python work takes in the engine-core thread, best of ``rounds``:
+    the host's speed for the engine core's own loop, between steps (benchmarks; on the GPU hosts
+    a step of the small embedded model is set by that loop, and the host's speed drifts: GPU
+    session 19, docs/gpu.md)."""
+    best = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        table: dict[int, list[int]] = {}
+        for i in range(50_000):
+            table.setdefault(i & 255, []).append(i * i % 7)
+        sum(len(v) for v in table.values())
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 UTILITY_METHODS = {
     "phasespec_set_depth": _set_depth,
     "phasespec_stats": _stats,
@@ -89,6 +107,7 @@ UTILITY_METHODS = {
     "phasespec_drain_steps": _drain_steps,
     "phasespec_controller_state": _controller_state,
     "phasespec_configure_controller": _configure_controller,
+    "phasespec_cpu_probe": _cpu_probe,
 }
 
 

@@ -219,6 +219,10 @@ class PhasespecLLM(AsyncLLM):
         """Change controller settings (engine/controller.py ControllerSettings) at run time; returns the old ones."""
         return dict((await self._utility("phasespec_configure_controller", changes))[0])
 
+    async def cpu_probe(self) -> float:
+        """Seconds of a fixed pure-Python workload in the engine core (rank 0): the host's speed now."""
+        return float((await self._utility("phasespec_cpu_probe"))[0])
+
     async def drain_step_log(self) -> list[tuple[int, int, int, float]]:
         """Decode steps since the last call: (requests, tokens verified, drafts, seconds)."""
         return [tuple(step) for rank in await self._utility("phasespec_drain_steps") for step in rank]

@@ -49,12 +49,17 @@ def read_cells(folders: list[Path]) -> list[dict[str, Any]]:
 class Board:
     """tok/s per (concurrency, repetition, policy)."""
 
-    def __init__(self, cells: list[dict[str, Any]]) -> None:
+    def __init__(self, cells: list[dict[str, Any]], per_probe: bool = False) -> None:
+        """``per_probe``: each cell's tok/s times its engine-core CPU probe (``cpu_probe_ms``), over
+        the probes' median: throughput at the host's median speed, where the step is set by the
+        engine core's loop (a host twice as slow runs the probe and the steps twice as long)."""
         self.tok_s: dict[int, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
         self.chosen: dict[int, dict[str, list[int]]] = defaultdict(dict)
+        median_probe = statistics.median(float(c["cpu_probe_ms"]) for c in cells) if per_probe else 1.0
         for cell in cells:
             conc, rep, name = int(cell["concurrency"]), int(cell["rep"]), cell["policy"]
-            self.tok_s[conc][rep][name] = float(cell["tok_s"])
+            speed = float(cell["cpu_probe_ms"]) / median_probe if per_probe else 1.0
+            self.tok_s[conc][rep][name] = float(cell["tok_s"]) * speed
             for phase, steps in json.loads(cell.get("chosen") or "{}").items():
                 have = self.chosen[conc].setdefault(phase, [0] * len(steps))
                 for depth, n in enumerate(steps):
@@ -77,9 +82,13 @@ class Board:
         return (max(values) - min(values)) / statistics.fmean(values)
 
 
-def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
+def has_probe(cells: list[dict[str, Any]]) -> bool:
+    return bool(cells) and all(c.get("cpu_probe_ms") for c in cells)
+
+
+def adaptive_targets(cells: list[dict[str, Any]], per_probe: bool = False) -> list[str]:
     """Markdown: adaptive against none, the best static and fixed policies, the user's map."""
-    board = Board(cells)
+    board = Board(cells, per_probe)
     lines = [
         "| conc | reps | adaptive tok/s (spread) | vs none | best static (hindsight) | vs it | best fixed "
         "| vs it | vs map-1-2 | adaptive's steps at depth 0/1/2/3 |",
@@ -121,25 +130,24 @@ def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def twin_table(cells: list[dict[str, Any]]) -> list[str]:
-    """Markdown: adaptive against each static policy that also ran under a second name (``X=aa``:
-    an A/A control), beside the twin against it. Adaptive is only measured to lose (or win) where
-    its ratio falls outside what the twins read."""
-    board = Board(cells)
+def twin_table(cells: list[dict[str, Any]], per_probe: bool = False) -> list[str]:
+    """Markdown: adaptive (and any capped adaptive policy, ``adaptive-R-A``) against each static
+    policy that also ran under a second name (``X=aa``: an A/A control), beside the twin against
+    it. Adaptive is only measured to lose (or win) where its ratio falls outside what the twins read."""
+    board = Board(cells, per_probe)
     lines = [
-        "| conc | policy | adaptive / it | A/A: its twin / it | adaptive / its twin |",
-        "| --- | --- | --- | --- | --- |",
+        "| conc | adaptive policy | static policy | adaptive / it | A/A: its twin / it | adaptive / its twin |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for conc in sorted(board.tok_s):
         names = board.policies(conc)
-        if "adaptive" not in names:
-            continue
-        for twin in sorted(n for n in names if n.endswith("-aa") and n.removesuffix("-aa") in names):
-            original = twin.removesuffix("-aa")
-            lines.append(
-                f"| {conc} | {original} | {board.paired(conc, 'adaptive', original)} "
-                f"| {board.paired(conc, twin, original)} | {board.paired(conc, 'adaptive', twin)} |"
-            )
+        for adaptive in sorted(n for n in names if n.startswith("adaptive")):
+            for twin in sorted(n for n in names if n.endswith("-aa") and n.removesuffix("-aa") in names):
+                original = twin.removesuffix("-aa")
+                lines.append(
+                    f"| {conc} | {adaptive} | {original} | {board.paired(conc, adaptive, original)} "
+                    f"| {board.paired(conc, twin, original)} | {board.paired(conc, adaptive, twin)} |"
+                )
     return lines if len(lines) > 2 else []
 
 
@@ -194,6 +202,14 @@ def main(argv: list[str]) -> None:
     if twins:
         print("\nAdaptive against each policy that has an A/A twin, paired per repetition:\n")
         print("\n".join(twins))
+    if has_probe(cells):
+        print(
+            "\nThe same, each cell's tok/s at the host's median speed (times its engine-core CPU probe over "
+            "the probes' median; the A/A column says whether that removes the host's drift):\n"
+        )
+        print("\n".join(adaptive_targets(cells, per_probe=True)))
+        print("")
+        print("\n".join(twin_table(cells, per_probe=True)))
     for folder in folders:
         state_file = folder / "controller.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}

@@ -162,11 +162,13 @@ async def run_cell(
 
     await engine.drain_step_log()
     await engine.controller_state(reset_window=True)
+    probe_before = await engine.cpu_probe()
     hook_before = await engine.spec_hook_path()
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(len(prompts))))
     cell.wall_s = time.perf_counter() - start
     hook_after = await engine.spec_hook_path()
+    cell.probe_s = (probe_before + await engine.cpu_probe()) / 2
     hook_steps = cell.engine_steps = hook_after["hook_steps"] - hook_before["hook_steps"]
     if hook_steps:
         cell.hook_us_per_step = 1e6 * (hook_after["hook_cpu_s"] - hook_before["hook_cpu_s"]) / hook_steps
@@ -315,6 +317,7 @@ def write_tables(
                 ),
                 "schedule_us_per_step": round(1e6 * c.schedule_s / c.engine_steps, 1) if c.engine_steps else None,
                 "update_us_per_step": round(1e6 * c.update_s / c.engine_steps, 1) if c.engine_steps else None,
+                "cpu_probe_ms": round(1e3 * c.probe_s, 3),
                 "process_cpu_share": round(c.process_cpu_s / c.wall_s, 3) if c.wall_s > 0 else None,
                 "phases": json.dumps(c.phases),
                 "chosen": json.dumps(c.chosen),

@@ -96,6 +96,9 @@ class Cell:
     """The engine core's wall time in whole ``schedule`` and ``update_from_output`` calls (vLLM's
     work in them included; engine/hook.py ``CoreTime``) and its process's CPU time, over the cell:
     per step beside the step time, whether the core's loop sets the pace."""
+    probe_s: float = 0.0
+    """A fixed pure-Python workload's time in the engine core, before and after the cell (engine
+    ``cpu_probe``): the host's speed over the cell."""
 
     @property
     def tok_s(self) -> float:

@@ -75,8 +75,32 @@ def test_adaptive_is_set_beside_the_a_a_twin_of_the_policy_it_is_compared_with()
     }
     lines = twin_table(cells(table, conc=4))
     assert len(lines) == 3, "one twin: one row"
-    assert lines[2].startswith("| 4 | fixed-1 | 0.925 [0.900, 0.950] | 0.995 [0.900, 1.100] |")
+    assert lines[2].startswith("| 4 | adaptive | fixed-1 | 0.925 [0.900, 0.950] | 0.995 [0.900, 1.100] |")
     assert twin_table(cells({0: {"fixed-1": 10.0, "adaptive": 9.0}})) == [], "no twin, no table"
+
+
+def test_a_capped_adaptive_policy_is_no_best_static_and_gets_its_own_twin_rows() -> None:
+    table = {
+        0: {"fixed-1": 10.0, "fixed-1-aa": 10.0, "adaptive": 9.0, "adaptive-1-1": 20.0, "none": 8.0},
+        1: {"fixed-1": 10.0, "fixed-1-aa": 10.0, "adaptive": 9.0, "adaptive-1-1": 20.0, "none": 8.0},
+    }
+    rows = cells(table, conc=16)
+    assert "| fixed-1 10.00 |" in adaptive_targets(rows)[2], "adaptive-1-1 is faster, but it is not static"
+    lines = twin_table(rows)
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["adaptive", "adaptive-1-1"]
+    assert "| adaptive-1-1 | fixed-1 | 2.000 [2.000, 2.000] |" in lines[3]
+
+
+def test_the_probe_puts_every_cell_at_the_hosts_median_speed() -> None:
+    """A repetition in which the host ran at half speed mid-way: the slow cells' probe took twice as
+    long, so tok/s times probe time is the same for the same policy."""
+    rows = cells({0: {"fixed-1": 10.0, "fixed-1-aa": 5.0, "adaptive": 5.0}})
+    for row, probe in zip(rows, ("2.0", "4.0", "4.0"), strict=True):
+        row["cpu_probe_ms"] = probe
+    raw, normalized = Board(rows), Board(rows, per_probe=True)
+    assert raw.paired(1, "fixed-1-aa", "fixed-1").mean == pytest.approx(0.5)  # type: ignore[union-attr]
+    assert normalized.paired(1, "fixed-1-aa", "fixed-1").mean == pytest.approx(1.0)  # type: ignore[union-attr]
+    assert normalized.mean(1, "adaptive") == pytest.approx(5.0 * 4.0 / 4.0)  # the median probe is 4.0
 
 
 def test_step_costs_split_by_policy_set_one_policys_steps_beside_anothers_of_the_same_shape() -> None:
@@ -94,3 +118,16 @@ def test_step_costs_split_by_policy_set_one_policys_steps_beside_anothers_of_the
     pooled = {r["tokens_per_step"]: r for r in cost_curve(steps)}
     assert "policy" not in pooled[32] and pooled[32]["steps"] == 3
     assert pooled[32]["mean_ms"] == pytest.approx(16.0)
+
+
+def test_adaptive_under_caps_is_parsed_and_named_for_its_caps() -> None:
+    from load.bench_policies import parse_policies
+
+    policies = parse_policies("0:0,adaptive,adaptive@1:1,1:1=aa", max_depth=3)
+    assert [p.name for p in policies] == ["none", "adaptive", "adaptive-1-1", "fixed-1-aa"]
+    capped = policies[2]
+    assert capped.adaptive and (capped.reasoning, capped.answer) == (1, 1)
+    with pytest.raises(SystemExit):
+        parse_policies("adaptive@1:1=aa", max_depth=3)
+    with pytest.raises(SystemExit):
+        parse_policies("adaptive@4:1", max_depth=3)
