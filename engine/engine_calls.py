@@ -84,9 +84,8 @@ def _configure_controller(self: EngineCore, changes: dict[str, Any]) -> dict[str
 
 def _cpu_probe(self: EngineCore, rounds: int = 5) -> float:
     """Seconds a fixed piece of pure-Python work takes in the engine-core thread, best of ``rounds``:
-    the host's speed for the engine core's own loop, between steps (benchmarks; on the GPU hosts
-    a step of the small embedded model is set by that loop, and the host's speed drifts: GPU
-    session 19, docs/gpu.md)."""
+    the host's speed for the engine core's own loop, between steps (benchmarks: on the GPU hosts
+    the host's speed drifted up to 2x within a run, GPU session 19, docs/gpu.md)."""
     best = math.inf
     for _ in range(rounds):
         started = time.perf_counter()

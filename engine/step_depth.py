@@ -44,8 +44,9 @@ pairs' medians, the level comes from the last windows. A switch's own cost
 lands in each pair's second window; a depth explored and left again gives pairs
 both ways, whose mean cancels it and a steady trend.
 
-A depth not yet linked to the others at this batch size is tried first, for two
-windows (its first steps at a bucket pay one-time costs). A depth the choice
+The depths weighed are 0 to the deepest cap of the batch's adaptive requests (a
+deeper window would run as that one). A depth not yet linked to the others at
+this batch size is tried first, for two windows (its first steps at a bucket pay one-time costs). A depth the choice
 passes over is run again, for two windows, once it has not run for its wait
 times its patience: 1 for a depth within ``close_gap`` (5%) of the best rate, up
 to ``max_patience`` (2) for one further below. The wait is half the windows this
@@ -133,7 +134,12 @@ class StepDepthChooser:
         table = self.bucket(bucket)
         table.windows += 1
         estimates = table.estimates()
-        untimed = [d for d, t in enumerate(estimates) if t is None]
+        # A depth past every request's cap runs as the deepest cap (each verifies min(cap, D)): timed
+        # under its own name, it priced depth 3 at depth 1's cost whenever the batch was capped at 1.
+        top = min(self.max_depth, max(caps, default=self.max_depth))
+        untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
+        if self.repeat is not None and self.repeat > top:
+            self.repeat = None
         if self.repeat is not None:
             depth, self.repeat = self.repeat, None
         elif untimed:
@@ -142,14 +148,13 @@ class StepDepthChooser:
             depth = self.repeat = self.rng.choice(untimed)
         else:
             rates = [
-                self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts))
-                for d in range(self.max_depth + 1)
+                self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts)) for d in range(top + 1)
             ]
             stale = self.stale(table, rates, explore_share)
             if stale is not None:
                 depth = self.repeat = stale
             else:
-                depth = max(range(self.max_depth + 1), key=rates.__getitem__)
+                depth = max(range(top + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
         self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts)

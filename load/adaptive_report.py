@@ -49,17 +49,12 @@ def read_cells(folders: list[Path]) -> list[dict[str, Any]]:
 class Board:
     """tok/s per (concurrency, repetition, policy)."""
 
-    def __init__(self, cells: list[dict[str, Any]], per_probe: bool = False) -> None:
-        """``per_probe``: each cell's tok/s times its engine-core CPU probe (``cpu_probe_ms``), over
-        the probes' median: throughput at the host's median speed, where the step is set by the
-        engine core's loop (a host twice as slow runs the probe and the steps twice as long)."""
+    def __init__(self, cells: list[dict[str, Any]]) -> None:
         self.tok_s: dict[int, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
         self.chosen: dict[int, dict[str, list[int]]] = defaultdict(dict)
-        median_probe = statistics.median(float(c["cpu_probe_ms"]) for c in cells) if per_probe else 1.0
         for cell in cells:
             conc, rep, name = int(cell["concurrency"]), int(cell["rep"]), cell["policy"]
-            speed = float(cell["cpu_probe_ms"]) / median_probe if per_probe else 1.0
-            self.tok_s[conc][rep][name] = float(cell["tok_s"]) * speed
+            self.tok_s[conc][rep][name] = float(cell["tok_s"])
             for phase, steps in json.loads(cell.get("chosen") or "{}").items():
                 have = self.chosen[conc].setdefault(phase, [0] * len(steps))
                 for depth, n in enumerate(steps):
@@ -82,13 +77,9 @@ class Board:
         return (max(values) - min(values)) / statistics.fmean(values)
 
 
-def has_probe(cells: list[dict[str, Any]]) -> bool:
-    return bool(cells) and all(c.get("cpu_probe_ms") for c in cells)
-
-
-def adaptive_targets(cells: list[dict[str, Any]], per_probe: bool = False) -> list[str]:
+def adaptive_targets(cells: list[dict[str, Any]]) -> list[str]:
     """Markdown: adaptive against none, the best static and fixed policies, the user's map."""
-    board = Board(cells, per_probe)
+    board = Board(cells)
     lines = [
         "| conc | reps | adaptive tok/s (spread) | vs none | best static (hindsight) | vs it | best fixed "
         "| vs it | vs map-1-2 | adaptive's steps at depth 0/1/2/3 |",
@@ -130,11 +121,11 @@ def adaptive_targets(cells: list[dict[str, Any]], per_probe: bool = False) -> li
     return lines
 
 
-def twin_table(cells: list[dict[str, Any]], per_probe: bool = False) -> list[str]:
+def twin_table(cells: list[dict[str, Any]]) -> list[str]:
     """Markdown: adaptive (and any capped adaptive policy, ``adaptive-R-A``) against each static
     policy that also ran under a second name (``X=aa``: an A/A control), beside the twin against
     it. Adaptive is only measured to lose (or win) where its ratio falls outside what the twins read."""
-    board = Board(cells, per_probe)
+    board = Board(cells)
     lines = [
         "| conc | adaptive policy | static policy | adaptive / it | A/A: its twin / it | adaptive / its twin |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -202,14 +193,6 @@ def main(argv: list[str]) -> None:
     if twins:
         print("\nAdaptive against each policy that has an A/A twin, paired per repetition:\n")
         print("\n".join(twins))
-    if has_probe(cells):
-        print(
-            "\nThe same, each cell's tok/s at the host's median speed (times its engine-core CPU probe over "
-            "the probes' median; the A/A column says whether that removes the host's drift):\n"
-        )
-        print("\n".join(adaptive_targets(cells, per_probe=True)))
-        print("")
-        print("\n".join(twin_table(cells, per_probe=True)))
     for folder in folders:
         state_file = folder / "controller.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}

@@ -98,7 +98,9 @@ class Cell:
     per step beside the step time, whether the core's loop sets the pace."""
     probe_s: float = 0.0
     """A fixed pure-Python workload's time in the engine core, before and after the cell (engine
-    ``cpu_probe``): the host's speed over the cell."""
+    ``cpu_probe``): the host's speed between cells. Not a normalizer: on a steady host it stayed
+    within 4.25-4.5 ms while steps moved +-5% with the hook's own CPU time per step (GPU session 19,
+    docs/gpu.md); it shows a drift as large as that session's first host's (2x)."""
 
     @property
     def tok_s(self) -> float:

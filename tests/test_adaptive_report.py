@@ -91,18 +91,6 @@ def test_a_capped_adaptive_policy_is_no_best_static_and_gets_its_own_twin_rows()
     assert "| adaptive-1-1 | fixed-1 | 2.000 [2.000, 2.000] |" in lines[3]
 
 
-def test_the_probe_puts_every_cell_at_the_hosts_median_speed() -> None:
-    """A repetition in which the host ran at half speed mid-way: the slow cells' probe took twice as
-    long, so tok/s times probe time is the same for the same policy."""
-    rows = cells({0: {"fixed-1": 10.0, "fixed-1-aa": 5.0, "adaptive": 5.0}})
-    for row, probe in zip(rows, ("2.0", "4.0", "4.0"), strict=True):
-        row["cpu_probe_ms"] = probe
-    raw, normalized = Board(rows), Board(rows, per_probe=True)
-    assert raw.paired(1, "fixed-1-aa", "fixed-1").mean == pytest.approx(0.5)  # type: ignore[union-attr]
-    assert normalized.paired(1, "fixed-1-aa", "fixed-1").mean == pytest.approx(1.0)  # type: ignore[union-attr]
-    assert normalized.mean(1, "adaptive") == pytest.approx(5.0 * 4.0 / 4.0)  # the median probe is 4.0
-
-
 def test_step_costs_split_by_policy_set_one_policys_steps_beside_anothers_of_the_same_shape() -> None:
     # (concurrency, requests, tokens verified, drafts, seconds, policy)
     steps = [

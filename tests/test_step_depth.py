@@ -265,6 +265,28 @@ def test_the_controller_applies_one_depth_capped_per_request() -> None:
     assert {row[6] for row in state["step_depth_windows"]} == {1.0}, "one static request in every step"
 
 
+def test_a_batch_capped_below_k_runs_no_window_past_its_deepest_cap() -> None:
+    """Adaptive requests capped at 1 verify 1 at any depth >= 1: a 'depth 3' window of theirs is a
+    depth-1 window, and timed as depth 3 it priced depth 3 at depth 1's cost (GPU session 19: the
+    benchmark's adaptive@1:1 cells beside adaptive's, one chooser)."""
+    chooser = StepDepthChooser(K, random.Random(2))
+    clock = [1.0]
+    capped: list[int] = []
+    for _ in range(12):
+        depths = set()
+        for _ in range(chooser.window_steps):
+            window = chooser.choose(4, [STRONG] * 4, [1] * 4, explore_share=0.0)
+            depths.add(window.depth)
+            previous, clock[0] = clock[0], clock[0] + 0.02
+            chooser.step_finished(window, 4, previous, clock[0])
+        capped += depths
+    assert set(capped) == {0, 1}
+    assert chooser.times[bucket_of(4)].estimates()[2:] == [None, None], "depths 2 and 3 never timed"
+    # Requests capped at K: depths 2 and 3 are new, and tried first.
+    uncapped = {run_window(chooser, 4, STRONG, clock, 20.0) for _ in range(4)}
+    assert uncapped == {2, 3}
+
+
 def test_a_window_s_last_step_drafts_for_the_next_window_which_then_runs_all_its_steps() -> None:
     """The drafter proposes after a step as many drafts as that step asks for, so the step before a
     window must ask for the window's depth (capped per request), not its own: chosen a step late,
