@@ -87,7 +87,7 @@ for s in $STEPS; do
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa --out "$RES/$s" ;;
   bench-probe)  # the host's speed drifts 2x within a run (session 19): each cell beside an engine-core CPU probe
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-4,16,64} --reps 6 --prompts 8 \
+      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-4,16,64} --reps ${REPS:-6} --prompts 8 \
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa --out "$RES/$s" ;;
   bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
