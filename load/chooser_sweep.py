@@ -19,7 +19,9 @@ Printed per rule and reading: the mean over noise x scenario x concurrency of th
 - ``constant``: the rule before: it waits K / explore_share windows times its patience;
 - ``thin``: three quarters of the windows, and a depth priced by fewer than 4 pairs waits as a
   close one does, whatever its gap (the seventeenth GPU session's failure: depth 1 at c=16 priced
-  from 3 pairs, judged 17% worse, never re-run).
+  from 3 pairs, judged 17% worse, never re-run);
+- ``patient``: the shipped rule with a far depth waiting up to 6x its wait, not 2x (the H100's
+  depths 2-3 cost 20-30% at c >= 16: GPU sessions 18-19).
 
     python -m load.chooser_sweep --seeds 16
 """
@@ -76,19 +78,31 @@ class Thin(StepDepthChooser):
         return StepDepthChooser.stale(self, table, seen, explore_share)  # slots dataclass: no bare super()
 
 
-RULES: dict[str, type[StepDepthChooser]] = {"shipped": StepDepthChooser, "constant": Constant, "thin": Thin}
+@dataclass(slots=True)
+class Patient(StepDepthChooser):
+    """A depth far below the best waits up to 6x its wait (its gap over ``close_gap``), not 2x."""
+
+    max_patience: float = 6.0
 
 
-def recorded(results: Path) -> tuple[list[chooser_sim.Noise], list[chooser_sim.Scenario]]:
+RULES: dict[str, type[StepDepthChooser]] = {
+    "shipped": StepDepthChooser,
+    "constant": Constant,
+    "thin": Thin,
+    "patient": Patient,
+}
+
+
+def recorded(results: Path, only: str = "") -> tuple[list[chooser_sim.Noise], list[chooser_sim.Scenario]]:
     """The window noise of every run with window times, and the scenarios (concurrency 1, 4, 16, 64)
-    of every run with every static depth's cells."""
+    of every run with every static depth's cells; ``only``: runs whose folder name contains it."""
     noises = []
-    for p in sorted(results.glob("gpu-*/*/controller.json")):
+    for p in sorted(results.glob(f"gpu-*{only}*/*/controller.json")):
         windows = json.loads(p.read_text()).get("step_depth_windows") or []
         if len(windows) >= 100:
             noises.append(chooser_sim.Noise.from_windows(windows))
     scenarios = []
-    for p in sorted(results.glob("gpu-*/*/cells.csv")):
+    for p in sorted(results.glob(f"gpu-*{only}*/*/cells.csv")):
         rows = list(csv.DictReader(p.open()))
         policies = {r["policy"] for r in rows}
         concurrencies = {r["concurrency"] for r in rows}
@@ -107,8 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--readings", default=",".join(READINGS))
     parser.add_argument("--rules", default=",".join(RULES))
+    parser.add_argument("--only", default="", help="only runs whose folder name contains this (e.g. h100)")
     cfg = parser.parse_args(argv)
-    noises, scenarios = recorded(cfg.results)
+    noises, scenarios = recorded(cfg.results, cfg.only)
     readings = cfg.readings.split(",")
     print(f"SIMULATION. {len(noises)} noises x {len(scenarios)} scenarios, {cfg.seeds} seeds.")
     print("| rule | " + " | ".join(f"{r}: median (worst)" for r in readings) + " |")
