@@ -274,3 +274,21 @@ async def test_shadow_acceptance_at_depth_one_matches_verified_acceptance_at_dep
     for j, (shadow, real) in enumerate(pairs):
         se = math.sqrt(shadow * (1 - shadow) / shallow["steps"] + real * (1 - real) / deep["steps"])
         assert abs(shadow - real) <= max(SHADOW_TOLERANCE, 4 * se), (j + 1, by_depth)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_engine_cores_call_times_hold_the_hooks_own_and_the_probe_times_real_work(
+    engine: PhasespecLLM,
+) -> None:
+    """``/phasespec/state``'s whole ``schedule``/``update_from_output`` times contain the hook's own
+    time, and grow with the engine's steps; the CPU probe (benchmarks' host speed) takes time."""
+    before = await engine.spec_hook_path()
+    await run(engine, copy_prompt(2), "core-time", SpecRequest(depth=K), 24, NO_BUDGET)
+    after = await engine.spec_hook_path()
+    grew = {key: after[key] - before[key] for key in ("schedule_s", "update_s", "hook_cpu_s", "process_cpu_s")}
+    assert after["hook_steps"] > before["hook_steps"]
+    assert grew["schedule_s"] > 0 and grew["update_s"] > 0
+    assert grew["hook_cpu_s"] <= grew["schedule_s"] + grew["update_s"], grew
+    assert grew["process_cpu_s"] > 0
+    probe = await engine.cpu_probe()
+    assert 0 < probe < 5.0, probe
