@@ -46,10 +46,11 @@ both ways, whose mean cancels it and a steady trend.
 
 The depths weighed are 0 to the deepest cap of the batch's adaptive requests (a
 deeper window would run as that one). A depth not yet linked to the others at
-this batch size is tried first, for two windows (its first steps at a bucket pay one-time costs). A depth the choice
-passes over is run again, for two windows, once it has not run for its wait
-times its patience: 1 for a depth within ``close_gap`` (5%) of the best rate, up
-to ``max_patience`` (2) for one further below. The wait is half the windows this
+this batch size is tried first, for two windows (its first steps at a bucket pay
+one-time costs). A depth the choice passes over is run again, for two windows,
+once it has not run for its wait times its patience: 1 for a depth within
+``close_gap`` (5%) of the best rate, up to ``max_patience`` (2) for one further
+below. The wait is half the windows this
 bucket has had so far (at least 16), at most K / ``explore_share``: a close
 depth is re-checked often while the estimates are young and rest on few pairs,
 then at the fixed interval. ``load/chooser_sim.py`` replays these rules against

@@ -175,10 +175,9 @@ async def run_cell(
     cell.draft_steps, cell.draft_passes, cell.draft_passes_unverified = (
         hook_after[key] - hook_before[key] for key in ("draft_steps", "draft_passes", "draft_passes_unverified")
     )
-    if "schedule_s" in hook_after:
-        cell.schedule_s, cell.update_s, cell.process_cpu_s = (
-            hook_after[key] - hook_before[key] for key in ("schedule_s", "update_s", "process_cpu_s")
-        )
+    cell.schedule_s, cell.update_s, cell.process_cpu_s = (
+        hook_after[key] - hook_before[key] for key in ("schedule_s", "update_s", "process_cpu_s")
+    )
     cell.tokens = sum(len(o) for o in outputs)
     if reference is not None:
         cell.matches_uncapped = sum(outputs[i] == reference.get(i) for i in range(len(prompts)))
