@@ -74,6 +74,9 @@ class ControllerSettings:
     step_depth: bool = False
     """One depth for the whole step, chosen from the step time measured at each depth
     (engine/step_depth.py): for drafters that pay per drafting pass (model drafters)."""
+    step_max_patience: float = 2.0
+    """With ``step_depth``: the longest a passed-over depth far below the best rate waits before it
+    is run again, in units of its wait (``StepDepthChooser.max_patience``)."""
     seed: int | None = None
 
 
@@ -186,7 +189,12 @@ class DepthController:
         self._explore_next = False
         self._score_share = 1.0
         self._score_rng = random.Random(self.settings.seed)
-        self.step_chooser = StepDepthChooser(max_depth, self.rng)
+        self.step_chooser = StepDepthChooser(max_depth, self.rng, max_patience=self.settings.step_max_patience)
+
+    def reconfigure(self, settings: ControllerSettings) -> None:
+        """New settings at run time (benchmarks, tests); the estimates learned so far are kept."""
+        self.settings = settings
+        self.step_chooser.max_patience = settings.step_max_patience
 
     # --- estimates ---
 

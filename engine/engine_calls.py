@@ -78,7 +78,7 @@ def _configure_controller(self: EngineCore, changes: dict[str, Any]) -> dict[str
     old = {name: getattr(controller.settings, name) for name in changes}
     if "explore_depths" in changes:
         changes = {**changes, "explore_depths": tuple(changes["explore_depths"])}
-    controller.settings = replace(controller.settings, **changes)
+    controller.reconfigure(replace(controller.settings, **changes))
     return old
 
 

@@ -85,6 +85,11 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-16,64} --reps 4 --prompts 8 \
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa --out "$RES/$s" ;;
+  bench-probe-patient)  # the same with a passed-over depth far below the best waiting 6x its wait, not 2x
+    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
+      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-4,16,64} --reps ${REPS:-6} --prompts 8 \
+      --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa \
+      --controller '{"step_max_patience": 6}' --out "$RES/$s" ;;
   bench-probe)  # the host's speed drifts 2x within a run (session 19): each cell beside an engine-core CPU probe
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-4,16,64} --reps ${REPS:-6} --prompts 8 \

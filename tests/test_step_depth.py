@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -442,22 +443,41 @@ def test_bunched_halves_are_not_taken_for_stalls() -> None:
     assert chooser.times[4].estimates()[window.depth] == pytest.approx((3 * 0.0235 + 4 * 0.0005) / 7)
 
 
-def test_a_depth_far_below_the_best_waits_longer_to_be_run_again() -> None:
-    chooser = StepDepthChooser(K, random.Random(0))
-    times = {0: 18.0, 1: 21.0, 2: 30.0, 3: 40.0}  # depth 0 within 5% of depth 1, depth 3 45% below
+def first_reruns(chooser: StepDepthChooser, windows: int = 100) -> dict[int, list[int]]:
+    """The windows at which depths 0 (within 5% of depth 1, the best) and 3 (45% below) are run again."""
+    times = {0: 18.0, 1: 21.0, 2: 30.0, 3: 40.0}
     for depth, ms in times.items():
         chooser.observe(4, depth, ms / 1e3)
     clock, reruns = 1.0, {0: list[int](), 3: list[int]()}
-    for n in range(60):
+    for n in range(windows):
         for _ in range(chooser.window_steps):
             window = chooser.choose(16, [WEAK] * 16, [K] * 16, explore_share=0.25)
             chooser.step_finished(window, 16, clock, clock + times[window.depth] / 1e3)
             clock += times[window.depth] / 1e3
         if window.depth in reruns and window.switched:
             reruns[window.depth].append(n)
+    return reruns
+
+
+def test_a_depth_far_below_the_best_waits_longer_to_be_run_again() -> None:
+    chooser = StepDepthChooser(K, random.Random(0))
+    reruns = first_reruns(chooser)
     interval = K / 0.25
     assert reruns[0] and reruns[0][0] <= interval + 2, "a close depth is re-run every K / explore_share windows"
     assert reruns[3] and interval * 1.5 < reruns[3][0] <= interval * chooser.max_patience + 2, "a far one later"
+
+
+def test_the_controllers_step_max_patience_sets_how_long_a_far_depth_waits() -> None:
+    """``step_max_patience`` (a controller setting, so a benchmark's ``--controller`` reaches it)
+    sets the chooser's, at construction and when the settings change at run time."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, step_max_patience=6.0, seed=0))
+    assert ctrl.step_chooser.max_patience == 6.0
+    interval = K / 0.25
+    reruns = first_reruns(ctrl.step_chooser)
+    assert reruns[0] and reruns[0][0] <= interval + 2, "a close depth's wait is unchanged"
+    assert reruns[3] and interval * 5 < reruns[3][0] <= interval * 6 + 2, "the far one waits 6 intervals"
+    ctrl.reconfigure(replace(ctrl.settings, step_max_patience=2.0))
+    assert ctrl.step_chooser.max_patience == 2.0
 
 
 def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() -> None:
