@@ -136,6 +136,10 @@ class AdaptiveSettings(BaseModel):
     """One depth for the whole step, chosen from the step time measured at each depth, instead of a
     depth per request priced per draft. auto: on for model drafters (draft_model, EAGLE, MTP, DSpark:
     a forward pass per draft position for the whole batch), off for ngram and suffix."""
+    step_max_patience: float = Field(default=_CONTROLLER.step_max_patience, ge=1.0)
+    """With one depth per step: how long a depth far below the best rate waits before it is timed
+    again, in units of its wait. Lower: a depth mispriced once (a slow moment) recovers sooner;
+    higher: fewer steps spent re-running depths that cost more than they bring."""
     seed: int | None = None
     summary_interval_s: float = Field(default=10.0, gt=0)
     """Period of the per-phase summary log line and gauges."""

@@ -49,8 +49,10 @@ deeper window would run as that one). A depth not yet linked to the others at
 this batch size is tried first, for two windows (its first steps at a bucket pay
 one-time costs). A depth the choice passes over is run again, for two windows,
 once it has not run for its wait times its patience: 1 for a depth within
-``close_gap`` (5%) of the best rate, up to ``max_patience`` (2) for one further
-below. The wait is half the windows this
+``close_gap`` (5%) of the best rate, up to ``max_patience`` (6) for one further
+below (2 before the twentieth GPU session, where 6 took adaptive from 0.93-0.95 to
+0.96-0.97 of fixed-1: on an H200 re-running the costly depths 2-3 was most of its gap
+to the chooser capped at depth 1). The wait is half the windows this
 bucket has had so far (at least 16), at most K / ``explore_share``: a close
 depth is re-checked often while the estimates are young and rest on few pairs,
 then at the fixed interval. ``load/chooser_sim.py`` replays these rules against
@@ -86,7 +88,7 @@ class StepDepthChooser:
     close_gap: float = 0.05
     """A passed-over depth within this share of the best rate is re-run after its wait; one further
     below waits proportionally longer."""
-    max_patience: float = 2.0
+    max_patience: float = 6.0
     """The longest a passed-over depth waits, in units of its wait."""
     rerun_fraction: float = 0.5
     """A passed-over depth's wait: this share of the bucket's windows so far (1: never before

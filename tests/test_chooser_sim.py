@@ -39,7 +39,8 @@ def test_the_session7_scatter_costs_the_chooser_little_against_the_best_static_d
 
 def test_the_sweeps_rules_differ_where_they_say() -> None:
     """load/chooser_sweep.py: ``constant`` waits K / explore_share windows whatever the bucket's age,
-    ``thin`` re-runs a far depth priced by fewer than 4 pairs as soon as a close one."""
+    ``thin`` re-runs a far depth priced by fewer than 4 pairs as soon as a close one, ``impatient``
+    re-runs a far one after 2x the wait, not 6x."""
     import random
 
     from engine.step_depth import StepDepthChooser
@@ -60,3 +61,4 @@ def test_the_sweeps_rules_differ_where_they_say() -> None:
     assert due("constant", 100, 39, close), "60 windows"
     assert due("thin", 40, 9, far) and not due("shipped", 40, 9, far)
     assert not due("thin", 40, 9, far, pairs=3), "5 pairs price it: its patience is its gap's"
+    assert due("impatient", 300, 100, far) and not due("shipped", 300, 100, far), "2 x 60 windows, not 6 x"

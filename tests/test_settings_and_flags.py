@@ -237,3 +237,17 @@ def test_a_default_thinking_budget_of_minus_one_sets_none_even_on_the_embedded_m
 def _phasespec_command(*args: str) -> subprocess.CompletedProcess[str]:
     """The ``phasespec`` command as users run it (``proxy/cli.py``), in a fresh interpreter."""
     return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_step_max_patience_flag_reaches_the_controller_and_one_below_1_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from engine.args import hook_options
+    from engine.controller import ControllerSettings, DepthController
+
+    adaptive = hook_options(Settings(_cli_parse_args=["--adaptive.step_max_patience", "3"]))["adaptive"]
+    controller = DepthController(3, ControllerSettings(**{**adaptive, "step_depth": True}))  # as the hook builds it
+    assert controller.step_chooser.max_patience == 3.0
+    assert Settings().adaptive.step_max_patience == ControllerSettings().step_max_patience
+    with pytest.raises(ValidationError, match="step_max_patience"):
+        Settings(_cli_parse_args=["--adaptive.step_max_patience", "0.5"])
