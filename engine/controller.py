@@ -31,7 +31,7 @@ from engine.acceptance import (
 from engine.cost_model import CostEstimate, StepCostModel
 from engine.depth_choice import Candidate, best_depths, cumulative, settle
 from engine.spec_stats import ANSWER, TOOL_CALL, RequestLedger
-from engine.step_depth import StepDepthChooser
+from engine.step_depth import MAX_PATIENCE, StepDepthChooser
 from engine.step_times import StepWindow
 
 
@@ -74,7 +74,7 @@ class ControllerSettings:
     step_depth: bool = False
     """One depth for the whole step, chosen from the step time measured at each depth
     (engine/step_depth.py): for drafters that pay per drafting pass (model drafters)."""
-    step_max_patience: float = 6.0
+    step_max_patience: float = MAX_PATIENCE
     """With ``step_depth``: the longest a passed-over depth far below the best rate waits before it
     is run again, in units of its wait (``StepDepthChooser.max_patience``)."""
     seed: int | None = None

@@ -72,6 +72,9 @@ from typing import Any
 from engine.cost_model import bucket_of
 from engine.step_times import BucketTimes, StepWindow
 
+MAX_PATIENCE = 6.0
+"""The default ``StepDepthChooser.max_patience`` (``ControllerSettings.step_max_patience``)."""
+
 
 @dataclass(slots=True)
 class StepDepthChooser:
@@ -88,7 +91,7 @@ class StepDepthChooser:
     close_gap: float = 0.05
     """A passed-over depth within this share of the best rate is re-run after its wait; one further
     below waits proportionally longer."""
-    max_patience: float = 6.0
+    max_patience: float = MAX_PATIENCE
     """The longest a passed-over depth waits, in units of its wait."""
     rerun_fraction: float = 0.5
     """A passed-over depth's wait: this share of the bucket's windows so far (1: never before

@@ -14,6 +14,7 @@
 set -u
 RES=${RES:-$HOME/gpu_results}
 STEPS=${STEPS:-"bench-paired bench-mixed-long bench-serve"}
+CONTROLLER=${CONTROLLER:-"{}"}  # bench-probe: JSON of controller settings, e.g. {"step_max_patience": 2}
 mkdir -p "$RES"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 PHASESPEC_ENGINE__CACHE_DIR=${PHASESPEC_ENGINE__CACHE_DIR:-$HOME/.cache/phasespec}
 # CUDA graphs and bf16 as served on GPUs; a small memory share: the tests run two engines in turn.
@@ -85,15 +86,11 @@ for s in $STEPS; do
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-16,64} --reps 4 --prompts 8 \
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa --out "$RES/$s" ;;
-  bench-probe-patient)  # the same with a passed-over depth far below the best waiting 6x its wait, not 2x
-    PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-4,16,64} --reps ${REPS:-6} --prompts 8 \
-      --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa \
-      --controller '{"step_max_patience": 6}' --out "$RES/$s" ;;
   bench-probe)  # the host's speed drifts 2x within a run (session 19): each cell beside an engine-core CPU probe
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-4,16,64} --reps ${REPS:-6} --prompts 8 \
-      --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa --out "$RES/$s" ;;
+      --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa \
+      --controller "$CONTROLLER" --out "$RES/$s" ;;
   bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \
