@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +33,7 @@ from engine.acceptance import (
 from engine.cost_model import CostEstimate, StepCostModel
 from engine.depth_choice import Candidate, best_depths, cumulative, settle
 from engine.spec_stats import ANSWER, TOOL_CALL, RequestLedger
-from engine.step_depth import MAX_PATIENCE, StepDepthChooser
+from engine.step_depth import MAX_PATIENCE, Leaving, StepDepthChooser
 from engine.step_times import StepWindow
 
 
@@ -77,6 +79,10 @@ class ControllerSettings:
     step_max_patience: float = MAX_PATIENCE
     """With ``step_depth``: the longest a passed-over depth far below the best rate waits before it
     is run again, in units of its wait (``StepDepthChooser.max_patience``)."""
+    step_hold_ends: bool = True
+    """With ``step_depth``: a request held at its thinking budget that the measured hold length says
+    leaves the hold within a window counts at its answer's gain for the window's steps after
+    (``StepDepthChooser``, ``Leaving``); off: it counts a token a step for the whole window."""
     seed: int | None = None
 
 
@@ -96,6 +102,10 @@ class VerifiedCounts:
     def as_dict(self) -> dict[str, Any]:
         rates = [round(m / self.steps, 4) for m in self.matched] if self.steps else []
         return {"steps": self.steps, "acceptance_by_position": rates}
+
+
+HOLD_MEMORY = 64
+"""Holds kept for ``DepthController.hold_length``."""
 
 
 def budget_hold(output_tokens: int, budget: int | None, phase: str, max_depth: int) -> bool:
@@ -190,6 +200,8 @@ class DepthController:
         self._score_share = 1.0
         self._score_rng = random.Random(self.settings.seed)
         self.step_chooser = StepDepthChooser(max_depth, self.rng, max_patience=self.settings.step_max_patience)
+        self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
+        """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
 
     def reconfigure(self, settings: ControllerSettings) -> None:
         """New settings at run time (benchmarks, tests); the estimates learned so far are kept."""
@@ -197,6 +209,15 @@ class DepthController:
         self.step_chooser.max_patience = settings.step_max_patience
 
     # --- estimates ---
+
+    def hold_ended(self, tokens: int) -> None:
+        """A request left its thinking-budget hold ``tokens`` output tokens after it began (the
+        hook sees it: its phase turned to the answer, or it ended reasoning itself)."""
+        self.hold_lengths.append(tokens)
+
+    def hold_length(self) -> int | None:
+        """Output tokens a hold lasts, the median of those measured (None: none yet)."""
+        return round(statistics.median(self.hold_lengths)) if self.hold_lengths else None
 
     def phase_rates(self, phase: str) -> PositionRates:
         rates = self.phases.get(phase)
@@ -322,8 +343,8 @@ class DepthController:
         chooser, share = self.step_chooser, self.settings.explore_share
         window = chooser.next_step()
         if window is None:  # a new window: only its choice needs the requests' estimates
-            gains, caps, fixed_tokens, lefts = self._step_inputs(adaptive, fixed)
-            window = chooser.choose(batch_size, gains, caps, share, fixed_tokens, lefts=lefts)
+            gains, caps, fixed_tokens, lefts, leaving = self._step_inputs(adaptive, fixed, ahead=False)
+            window = chooser.choose(batch_size, gains, caps, share, fixed_tokens, lefts=lefts, leaving=leaving)
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
         depths = {}
@@ -334,8 +355,10 @@ class DepthController:
             # Its last step: the drafter proposes after it for the next window's first step, as many
             # drafts as this step asks for, so the next window is chosen now (a window chosen a step
             # late verified the old depth's drafts in its first step, at the new depth's cost).
-            gains, caps, fixed_tokens, lefts = self._step_inputs(adaptive, fixed)
-            upcoming = chooser.choose(batch_size, gains, caps, share, fixed_tokens, ahead=True, lefts=lefts)
+            gains, caps, fixed_tokens, lefts, leaving = self._step_inputs(adaptive, fixed, ahead=True)
+            upcoming = chooser.choose(
+                batch_size, gains, caps, share, fixed_tokens, ahead=True, lefts=lefts, leaving=leaving
+            )
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request's next step.
         held = [d for _, d in fixed]
@@ -344,22 +367,44 @@ class DepthController:
         return StepPlan(depths, False, None, False, window, next_drafts, other)
 
     def _step_inputs(
-        self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]]
-    ) -> tuple[list[list[float]], list[int], float, list[int | None]]:
+        self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]], ahead: bool
+    ) -> tuple[list[list[float]], list[int], float, list[int | None], list[Leaving]]:
         """What a window's choice weighs: each adaptive request's expected accepted drafts by depth,
-        its cap, the expected tokens of the requests at a depth the window does not set, and each
-        adaptive request's tokens before its depth stops mattering (``depth_tokens_left``)."""
+        its cap, the expected tokens of the requests at a depth the window does not set, each
+        adaptive request's tokens before its depth stops mattering (``depth_tokens_left``), and the
+        held adaptive requests that leave their hold within the window (``Leaving``). ``ahead``: the
+        window starts at the step after this one."""
         priors: dict[str, _Prior] = {}
         gains = [cumulative(self._candidate(request, 0, cap, priors).accepted) for request, cap in adaptive]
         # Requests at a depth the window does not set (held at a thinking budget, static) yield
         # the same tokens at every depth, but they are in every depth's step time: left out of
         # the rate, they made deep depths look better than they are (a batch half held gains
         # half as much from a deeper depth, for the same extra time).
-        fixed_tokens = sum(
-            1 + (cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0.0)
-            for request, depth in fixed
-        )
-        return gains, [cap for _, cap in adaptive], fixed_tokens, [request.tokens_left for request, _ in adaptive]
+        fixed_tokens = 0.0
+        leaving: list[Leaving] = []
+        for request, depth in fixed:
+            held_steps = self._held_steps(request, ahead)
+            if held_steps is not None and held_steps < self.step_chooser.window_steps:
+                left = request.max_tokens_left
+                after = None if left is None else max(0, left - held_steps - ahead)
+                leaving.append(Leaving(self._answer_gains(), request.cap, held_steps, after))
+                continue
+            fixed_tokens += 1 + (cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0)
+        lefts = [request.tokens_left for request, _ in adaptive]
+        return gains, [cap for _, cap in adaptive], fixed_tokens, lefts, leaving
+
+    def _held_steps(self, request: RequestLedger, ahead: bool) -> int | None:
+        """The steps of a window starting now (or at the next step: ``ahead``) an adaptive request held
+        at its thinking budget stays held, a token a step, from the holds measured; None: not such
+        a request, or no hold measured yet (``step_hold_ends`` off: never known)."""
+        length = self.hold_length()
+        if not (request.adaptive and request.budget_hold) or length is None or not self.settings.step_hold_ends:
+            return None
+        return max(0, length - request.held_tokens - ahead)
+
+    def _answer_gains(self) -> list[float]:
+        """Expected accepted drafts by depth (0..K) of a request entering its answer: the phase's."""
+        return cumulative(self.phase_rates(ANSWER).accepted())
 
     def _explore_share(self, batch: int, cost: CostEstimate | None) -> float:
         """How often to take a random step at this batch size.
@@ -454,4 +499,6 @@ class DepthController:
             "step_depth_ms": self.step_chooser.snapshot() if self.settings.step_depth else None,
             "step_depth_switch_share": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
             "step_depth_windows": self.step_chooser.windows_snapshot() if self.settings.step_depth else None,
+            "hold_tokens": self.hold_length(),
+            "holds_measured": len(self.hold_lengths),
         }

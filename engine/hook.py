@@ -42,10 +42,10 @@ from engine.compat import (
     runner_honours_batch_k,
     uses_v2_runner,
 )
-from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold, depth_tokens_left
+from engine.controller import ControllerSettings, DepthController, StepPlan, budget_hold, depth_tokens_left, hold_start
 from engine.emulation import PadCounter, StepEmulation
 from engine.engine_calls import install_utilities
-from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, SpecLedger
+from engine.spec_stats import DEFAULT_PHASE, EXTRA_KEY, RequestLedger, SpecLedger
 
 PASS_FREE_METHODS = ("ngram", "ngram_gpu", "suffix")
 """Drafters that search the text: their cost does not grow by a forward pass per draft position."""
@@ -235,7 +235,7 @@ class DepthScheduler(Scheduler):
             ledger = self.spec_ledger.get(request.request_id)
             if ledger is None:
                 continue
-            ledger.budget_hold, ledger.tokens_left = self._budget_state(request, ledger.phase)
+            self._budget_state(request, ledger)
             # Under sync scheduling the drafts for this step are already
             # here; under async they are placeholders, not yet drafted.
             ledger.proposed = len(request.spec_token_ids) if self._shadow else None
@@ -255,12 +255,22 @@ class DepthScheduler(Scheduler):
                 ledger.choose(self.current_step, depth, self.controller.estimates, per_draft_ms)
         return plan
 
-    def _budget_state(self, request: Request, phase: str) -> tuple[bool, int | None]:
-        """Whether it is held at its thinking budget, and its tokens before depth stops mattering."""
+    def _budget_state(self, request: Request, ledger: RequestLedger) -> None:
+        """Whether it is held at its thinking budget (and since when), and its tokens before depth
+        stops mattering; a hold that ends is measured (``DepthController.hold_ended``)."""
         params = request.sampling_params
         budget = params.thinking_token_budget if params is not None else None
         out, k = request.num_output_tokens, self.num_spec_tokens
-        return budget_hold(out, budget, phase, k), depth_tokens_left(out, request.max_tokens, budget, phase, k)
+        held = budget_hold(out, budget, ledger.phase, k)
+        if held and ledger.hold_from is None:
+            ledger.hold_from = hold_start(budget, ledger.phase, k)
+        elif not held and ledger.hold_from is not None:
+            self.controller.hold_ended(out - ledger.hold_from)
+            ledger.hold_from = None
+        ledger.budget_hold = held
+        ledger.held_tokens = out - ledger.hold_from if ledger.hold_from is not None else 0
+        ledger.tokens_left = depth_tokens_left(out, request.max_tokens, budget, ledger.phase, k)
+        ledger.max_tokens_left = None if request.max_tokens is None else max(0, request.max_tokens - out)
 
     def _book_proposals(self, output: SchedulerOutput, proposals: dict[str, list[int]], limit: int) -> None:
         spec = output.scheduled_spec_decode_tokens

@@ -105,6 +105,12 @@ class RequestLedger:
     tokens_left: int | None = None
     """Output tokens before its depth stops mattering (its max_tokens, its thinking-budget hold),
     None when no end is known; the hook sets it every step (``depth_tokens_left``)."""
+    hold_from: int | None = None
+    """Held: the output token its hold began at (``hold_start``); None while not held."""
+    held_tokens: int = 0
+    """Held: output tokens since its hold began (the hook sets it every step)."""
+    max_tokens_left: int | None = None
+    """Output tokens before its ``max_tokens`` (None: no limit), set by the hook every step."""
     phases: dict[str, PhaseCounters] = field(default_factory=dict)
     depth_log: list[tuple[int, int, str]] = field(default_factory=list)
     """(engine step, depth or cap, phase) at submission and at every change from the front end."""

@@ -24,6 +24,12 @@ taken by the next request). Without that, a window chosen as a batch starts its
 16-token answers priced depth 3 at 2.75 tokens a request a step for 8 steps, and
 yielded 0.83 of what it was priced at (fifteenth GPU session, c=64: depth-3
 windows at 0.79-0.83, depth 1 at 0.97; docs/gpu.md).
+The other way round, a held request that leaves its hold within the window (the
+controller measures how long holds last) counts a token a step until then and
+its answer's 1 + E(min(cap, D)) after: counted as held for the whole window,
+a batch chosen with most of it held ran depth 0 while its requests left the hold
+together (twentieth GPU session, c=64: 32 depth-0 windows ran with 10-49 of 64
+held, where depth 1 yielded 16-25% more per ms).
 
 T(D) comes from windows compared with their neighbours, never from windows far
 apart in time. A window's time is its mean step time (each step from the update
@@ -74,6 +80,19 @@ from engine.step_times import BucketTimes, StepWindow
 
 MAX_PATIENCE = 6.0
 """The default ``StepDepthChooser.max_patience`` (``ControllerSettings.step_max_patience``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leaving:
+    """A request held at its thinking budget (a token a step, whatever the depth) that leaves the
+    hold within the window, after ``held_steps`` of its steps, and from then verifies the window's
+    depth: its expected accepted drafts by depth then (``gains``, its answer's), its cap, and its
+    tokens after the hold before its depth stops mattering (``left``; None: no end known)."""
+
+    gains: Sequence[float]
+    cap: int
+    held_steps: int
+    left: int | None
 
 
 @dataclass(slots=True)
@@ -127,11 +146,13 @@ class StepDepthChooser:
         fixed_tokens: float = 0.0,
         ahead: bool = False,
         lefts: Sequence[int | None] | None = None,
+        leaving: Sequence[Leaving] = (),
     ) -> StepWindow:
         """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d;
         ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set.
         ``ahead``: chosen at the last step of the window before it, so its first step is the next one.
-        ``lefts[i]``: request i's tokens before its depth stops mattering (None: no end known)."""
+        ``lefts[i]``: request i's tokens before its depth stops mattering (None: no end known).
+        ``leaving``: held requests that leave their hold within the window (not in ``fixed_tokens``)."""
         window = self.next_step()
         if window is not None:
             return window
@@ -142,7 +163,7 @@ class StepDepthChooser:
         estimates = table.estimates()
         # A depth past every request's cap runs as the deepest cap (each verifies min(cap, D)): timed
         # under its own name, it priced depth 3 at depth 1's cost whenever the batch was capped at 1.
-        top = min(self.max_depth, max(caps, default=self.max_depth))
+        top = min(self.max_depth, max([*caps, *(r.cap for r in leaving)], default=self.max_depth))
         untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
         if self.repeat is not None and self.repeat > top:
             self.repeat = None
@@ -154,7 +175,8 @@ class StepDepthChooser:
             depth = self.repeat = self.rng.choice(untimed)
         else:
             rates = [
-                self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts)) for d in range(top + 1)
+                self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
+                for d in range(top + 1)
             ]
             stale = self.stale(table, rates, explore_share)
             if stale is not None:
@@ -163,7 +185,7 @@ class StepDepthChooser:
                 depth = max(range(top + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
-        self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts)
+        self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
         return self.current
 
     def next_step(self) -> StepWindow | None:
@@ -205,17 +227,19 @@ class StepDepthChooser:
         caps: Sequence[int],
         fixed_tokens: float,
         lefts: Sequence[int | None] | None = None,
+        leaving: Sequence[Leaving] = (),
     ) -> float:
         """Expected tokens a step of a window at ``depth``: each request's 1 + E(min(cap, depth)), less
         what the window would run past its tokens left, plus those of the requests whose depth the
-        window does not set."""
+        window does not set, plus those of the held requests leaving their hold in it (a token a
+        step while held, then as the others)."""
         steps = self.window_steps
         total = fixed_tokens
         for g, cap, left in zip(gains, caps, lefts if lefts is not None else [None] * len(gains), strict=True):
-            y = 1 + g[min(cap, depth)]
-            if left is not None and steps * y > left:
-                y = (left + steps - left / y) / steps
-            total += y
+            total += window_tokens(steps, 1 + g[min(cap, depth)], left) / steps
+        for r in leaving:
+            held = min(r.held_steps, steps)
+            total += (held + window_tokens(steps - held, 1 + r.gains[min(r.cap, depth)], r.left)) / steps
         return total
 
     def step_finished(
@@ -291,3 +315,12 @@ class StepDepthChooser:
             str(bucket): None if (share := table.switch_share()) is None else round(share, 4)
             for bucket, table in sorted(self.times.items())
         }
+
+
+def window_tokens(steps: int, per_step: float, left: int | None) -> float:
+    """Tokens a request yields in ``steps`` steps at ``per_step`` with ``left`` tokens before its depth
+    stops mattering (None: no end): its ``left`` tokens, then one a step (held, or its slot taken
+    by the next request)."""
+    if left is None or steps * per_step <= left:
+        return steps * per_step
+    return left + steps - left / per_step

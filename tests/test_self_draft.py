@@ -182,6 +182,13 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     odd = [w for w in windows if not (1 <= w[7] <= 1 + w[1] and 0 < w[8] <= 1 + w[1])]
     assert not odd, str(odd)
     assert any(w[8] > 1 for w in windows if w[1] > 0), "accepted drafts reach the windows' token counts"
+    # Each adaptive request left its hold when told of its answer, after the budget's last 4(K + 1)
+    # reasoning tokens and the forced end string (the hook measures holds; engine/controller.py).
+    reasoning = engine.vllm_config.reasoning_config
+    assert reasoning is not None
+    hold = 4 * (K + 1) + len(reasoning.reasoning_end_token_ids or ())
+    assert state["holds_measured"] >= len(references)
+    assert hold <= state["hold_tokens"] <= hold + 2 * (K + 1), (state["hold_tokens"], hold)
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -10,7 +10,7 @@ import pytest
 from engine.controller import ControllerSettings, DepthController, depth_tokens_left
 from engine.cost_model import bucket_of
 from engine.spec_stats import RequestLedger
-from engine.step_depth import StepDepthChooser
+from engine.step_depth import Leaving, StepDepthChooser
 from engine.step_times import StepWindow
 
 K = 3
@@ -504,6 +504,65 @@ def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() 
     # with seven held, 8 tokens in 20 ms at depth 0 beat 8.75 in 24 ms.
     assert depth_for(0) == 2
     assert depth_for(7) == 0
+
+
+def test_a_held_request_leaving_its_hold_in_the_window_counts_at_its_answers_gain_after() -> None:
+    """A token a step while held, then the answer's 1 + E(min(cap, D)), within its tokens left."""
+    chooser = StepDepthChooser(K, random.Random(0))
+    leaving = Leaving(ANSWER, K, held_steps=3, left=None)
+    assert chooser.tokens_at(1, [], [], 0.0, [], [leaving]) == pytest.approx((3 + 5 * 1.70) / 8)
+    assert chooser.tokens_at(0, [], [], 0.0, [], [leaving]) == pytest.approx(1.0)
+    capped = replace(leaving, cap=1)
+    assert chooser.tokens_at(3, [], [], 0.0, [], [capped]) == pytest.approx((3 + 5 * 1.70) / 8)
+    short = replace(leaving, left=4)  # 4 answer tokens: 4 / 2.75 steps of them, then one a step
+    assert chooser.tokens_at(3, [], [], 0.0, [], [short]) == pytest.approx((3 + 4 + 5 - 4 / 2.75) / 8)
+
+
+def held_batch(held: int, held_tokens: int, batch: int = 64) -> list[RequestLedger]:
+    """``batch`` adaptive requests capped at depth 1 (the choice between 0 and 1), ``held`` of them
+    held at their thinking budget for ``held_tokens`` tokens so far, the rest answering."""
+    out = [request(f"a{n}", "answer", 1, True) for n in range(batch - held)]
+    for n in range(held):
+        ledger = request(f"h{n}", "reasoning", 1, True)
+        ledger.budget_hold, ledger.held_tokens, ledger.max_tokens_left = True, held_tokens, 40
+        out.append(ledger)
+    return out
+
+
+@pytest.mark.parametrize("hold_ends", [True, False])
+def test_a_batch_about_to_leave_its_hold_is_chosen_for_at_the_depth_its_answers_pay(hold_ends: bool) -> None:
+    """The twentieth GPU session (c=64): 64 requests reach their thinking budget's hold together and
+    leave it together; chosen with 56 held as if they stayed held, 32 depth-0 windows ran while
+    the batch answered, where depth 1 yielded 16-25% more per ms. Holds measured at 24 tokens, a
+    batch 22 tokens into them leaves after 2 of the window's 8 steps."""
+    settings = ControllerSettings(step_depth=True, explore_share=0.0, step_hold_ends=hold_ends, seed=3)
+    ctrl = DepthController(K, settings)
+    for depth, ms in enumerate([8.5, 9.9, 11.5, 13.0]):  # an H200 at batch 64 (depth 1: 1.16x)
+        ctrl.step_chooser.observe(bucket_of(64), depth, ms / 1e3)
+    answer = ctrl.phase_rates("answer")
+    for n in range(300):  # answers accepted 70% of the time
+        answer.observe(K, K, K if n % 10 < 7 else 0)
+    # Depth 0: 64 tokens in 8.5 ms. Depth 1: 8 x 1.7 + 56 x (2 + 6 x 1.7) / 8 = 99 tokens in 9.9 ms,
+    # counted as held for the whole window 8 x 1.7 + 56 = 69.6.
+    for _ in range(24):
+        ctrl.hold_ended(24)
+    assert ctrl.hold_length() == 24
+    plan = ctrl.plan(held_batch(56, 22))
+    assert plan.step_window is not None
+    assert plan.step_window.depth == (1 if hold_ends else 0)
+    ctrl.step_chooser.current = None
+    plan = ctrl.plan(held_batch(56, 10))  # 14 more tokens held: the whole window
+    assert plan.step_window is not None and plan.step_window.depth == 0
+
+
+def test_the_hook_measures_each_hold_from_its_start_to_its_end() -> None:
+    """Holds end when the phase turns to the answer; the controller keeps their lengths."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True))
+    assert ctrl.hold_length() is None
+    for tokens in (20, 24, 30):
+        ctrl.hold_ended(tokens)
+    assert ctrl.hold_length() == 24
+    assert ctrl.snapshot(reset_window=False)["hold_tokens"] == 24
 
 
 def test_a_window_records_the_tokens_its_choice_expected_and_what_its_steps_yielded() -> None:
