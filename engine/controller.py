@@ -83,6 +83,10 @@ class ControllerSettings:
     """With ``step_depth``: a request held at its thinking budget that the measured hold length says
     leaves the hold within a window counts at its answer's gain for the window's steps after
     (``StepDepthChooser``, ``Leaving``); off: it counts a token a step for the whole window."""
+    step_borrow_times: bool = True
+    """With ``step_depth``: price a depth not yet timed at a batch size from the nearest batch size
+    where every depth is, and try it first only when that price is close to the best
+    (``StepDepthChooser.borrow``); off: every depth is tried first at every batch size."""
     seed: int | None = None
 
 
@@ -199,7 +203,12 @@ class DepthController:
         self._explore_next = False
         self._score_share = 1.0
         self._score_rng = random.Random(self.settings.seed)
-        self.step_chooser = StepDepthChooser(max_depth, self.rng, max_patience=self.settings.step_max_patience)
+        self.step_chooser = StepDepthChooser(
+            max_depth,
+            self.rng,
+            max_patience=self.settings.step_max_patience,
+            borrow=self.settings.step_borrow_times,
+        )
         self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
         """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
 
@@ -207,6 +216,7 @@ class DepthController:
         """New settings at run time (benchmarks, tests); the estimates learned so far are kept."""
         self.settings = settings
         self.step_chooser.max_patience = settings.step_max_patience
+        self.step_chooser.borrow = settings.step_borrow_times
 
     # --- estimates ---
 

@@ -117,6 +117,10 @@ class StepDepthChooser:
     K / explore_share: the earlier rule)..."""
     min_rerun_wait: int = 16
     """... but at least this many windows, and at most K / explore_share."""
+    borrow: bool = True
+    """A depth not yet linked to the others at a bucket is priced from the nearest bucket where every
+    depth is, and tried first only when that price is within ``close_gap`` of the best; False: every
+    such depth is tried first."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -165,6 +169,16 @@ class StepDepthChooser:
         # under its own name, it priced depth 3 at depth 1's cost whenever the batch was capped at 1.
         top = min(self.max_depth, max([*caps, *(r.cap for r in leaving)], default=self.max_depth))
         untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
+        rates: list[float] = []
+        if untimed and self.borrow:
+            priced = self.borrowed(bucket, estimates, top)
+            if priced is not None:
+                estimates = priced
+                rates = [
+                    self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
+                    for d in range(top + 1)
+                ]
+                untimed = [d for d in untimed if rates[d] >= (1 - self.close_gap) * max(rates)]
         if self.repeat is not None and self.repeat > top:
             self.repeat = None
         if self.repeat is not None:
@@ -174,7 +188,7 @@ class StepDepthChooser:
             # steps of 96-149 ms against ~12), and the second is the pair's first half for the next.
             depth = self.repeat = self.rng.choice(untimed)
         else:
-            rates = [
+            rates = rates or [
                 self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
                 for d in range(top + 1)
             ]
@@ -187,6 +201,25 @@ class StepDepthChooser:
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
         self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
         return self.current
+
+    def borrowed(self, bucket: int, estimates: Sequence[float | None], top: int) -> list[float | None] | None:
+        """``estimates`` with the depths up to ``top`` not linked here priced from the nearest bucket
+        where all of them are: its time relative to the nearest depth linked here (or, none linked,
+        its times as they are: only ratios decide). None: no such bucket."""
+        for other in sorted(self.times, key=lambda b: (abs(b - bucket), b)):
+            there = self.times[other].estimates() if other != bucket else []
+            if len(there) <= top or any(t is None for t in there[: top + 1]):
+                continue
+            linked = [d for d in range(top + 1) if estimates[d] is not None]
+            out = list(estimates)
+            for d in range(top + 1):
+                if out[d] is None:
+                    ref = min(linked, key=lambda r: (abs(r - d), r)) if linked else None
+                    here, near = (1.0, 1.0) if ref is None else (estimates[ref], there[ref])
+                    assert here is not None and near is not None and there[d] is not None
+                    out[d] = here * there[d] / near
+            return out
+        return None
 
     def next_step(self) -> StepWindow | None:
         """The current window, when this step still belongs to it (None: a new window is due)."""

@@ -55,6 +55,26 @@ def test_every_depth_is_timed_over_two_windows_before_any_is_chosen() -> None:
     assert chooser.times[2].estimates() == pytest.approx([0.020] * (K + 1))
 
 
+@pytest.mark.parametrize("borrow", [True, False])
+def test_a_new_batch_size_tries_first_only_the_depths_its_neighbours_price_close(borrow: bool) -> None:
+    """An H200's step times (twentieth GPU session) at batch 5-8 priced depths 2-3 1.41-1.58x depth 0:
+    at each new batch size their first windows, forced before any choice, cost a weak drafter
+    a quarter of their tokens. Priced from the neighbour, only the best, depth 1, is (depth 0 is
+    9% below it: it waits to be re-run as a passed-over depth does)."""
+    chooser = timed([7.36, 7.98, 10.41, 11.63], bucket=bucket_of(8))
+    chooser.borrow = borrow
+    clock = [1.0]
+    tried = [run_window(chooser, 16, WEAK, clock, 9.0) for _ in range(8)]
+    if borrow:
+        assert tried == [1] * 8
+        estimates = chooser.times[bucket_of(16)].estimates()
+        assert estimates == [None, pytest.approx(9.0e-3), None, None]
+        priced = chooser.borrowed(bucket_of(16), estimates, K)
+        assert priced == pytest.approx([9e-3 * t / 7.98 for t in (7.36, 7.98, 10.41, 11.63)])
+    else:
+        assert set(tried) == {0, 1, 2, 3}, "every depth tried first"
+
+
 def test_a_stalled_step_is_left_out_of_its_window_but_recorded() -> None:
     """H200, batch 9-16: each depth's first window held one step of 96-149 ms among ~12 ms ones,
     and that window alone priced depths 0, 2 and 3 at 27-36 ms (docs/gpu.md, sixth session)."""
@@ -479,8 +499,8 @@ def test_the_controllers_step_max_patience_sets_how_long_a_far_depth_waits() -> 
     reruns = first_reruns(ctrl.step_chooser)
     assert reruns[0] and reruns[0][0] <= interval + 2, "a close depth's wait is unchanged"
     assert reruns[3] and interval * 1.5 < reruns[3][0] <= interval * 2 + 2, "the far one waits 2 intervals"
-    ctrl.reconfigure(replace(ctrl.settings, step_max_patience=6.0))
-    assert ctrl.step_chooser.max_patience == 6.0
+    ctrl.reconfigure(replace(ctrl.settings, step_max_patience=6.0, step_borrow_times=False))
+    assert ctrl.step_chooser.max_patience == 6.0 and not ctrl.step_chooser.borrow
 
 
 def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() -> None:
