@@ -216,8 +216,9 @@ class StepDepthChooser:
                 if out[d] is None:
                     ref = min(linked, key=lambda r: (abs(r - d), r)) if linked else None
                     here, near = (1.0, 1.0) if ref is None else (estimates[ref], there[ref])
-                    assert here is not None and near is not None and there[d] is not None
-                    out[d] = here * there[d] / near
+                    far = there[d]
+                    assert here is not None and near is not None and far is not None
+                    out[d] = here * far / near
             return out
         return None
 
