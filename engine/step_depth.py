@@ -117,10 +117,10 @@ class StepDepthChooser:
     K / explore_share: the earlier rule)..."""
     min_rerun_wait: int = 16
     """... but at least this many windows, and at most K / explore_share."""
-    borrow: bool = True
+    borrow: bool = False
     """A depth not yet linked to the others at a bucket is priced from the nearest bucket where every
-    depth is, and tried first only when that price is within ``close_gap`` of the best; False: every
-    such depth is tried first."""
+    depth is, and tried first only when that price is within ``close_gap`` of the best; False (the
+    default, ``ControllerSettings.step_borrow_times``): every such depth is tried first."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""

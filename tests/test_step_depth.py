@@ -499,8 +499,9 @@ def test_the_controllers_step_max_patience_sets_how_long_a_far_depth_waits() -> 
     reruns = first_reruns(ctrl.step_chooser)
     assert reruns[0] and reruns[0][0] <= interval + 2, "a close depth's wait is unchanged"
     assert reruns[3] and interval * 1.5 < reruns[3][0] <= interval * 2 + 2, "the far one waits 2 intervals"
-    ctrl.reconfigure(replace(ctrl.settings, step_max_patience=6.0, step_borrow_times=False))
-    assert ctrl.step_chooser.max_patience == 6.0 and not ctrl.step_chooser.borrow
+    assert not ctrl.step_chooser.borrow
+    ctrl.reconfigure(replace(ctrl.settings, step_max_patience=6.0, step_borrow_times=True))
+    assert ctrl.step_chooser.max_patience == 6.0 and ctrl.step_chooser.borrow
 
 
 def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() -> None:
