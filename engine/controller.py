@@ -89,6 +89,18 @@ class ControllerSettings:
     (``StepDepthChooser.borrow``); off (the default: on an H100, twenty-first GPU session, it ran
     depth 2 for 10 windows in a row at c=16 on a price borrowed from c=4, and no gain showed):
     every depth is tried first at every batch size."""
+    step_cut_windows: bool = True
+    """With ``step_depth``: a step without adaptive requests (all held at their thinking budget)
+    ends the window planned, and the next is chosen for the batch after it
+    (``StepDepthChooser.interrupt``); off: the window runs on after it at the depth it was chosen
+    at, for another batch (twentieth and twenty-first GPU sessions, c=64: depth-0 windows chosen
+    as the batch entered its holds ran on as it left them and answered)."""
+    step_verify_share: bool = True
+    """With ``step_depth``: price each depth at the drafts per request the batch would verify at it
+    (a held request verifies none), from the measured slope of step time in them
+    (``StepDepthChooser.by_share``); off: one time per depth and batch size, whatever the share
+    held (twenty-first GPU session: depth 0, timed when most of the batch was held, looked cheaper
+    than it is and ran in 15-30% of the windows at c=64)."""
     seed: int | None = None
 
 
@@ -170,6 +182,9 @@ class StepPlan:
     drafts_for_next: bool = False
     """``next_drafts`` makes this step draft another number of passes than its own depths would: it
     runs the next window's drafting, so it counts in its window but is not timed there."""
+    after_gap: bool = False
+    """The first step after steps without adaptive requests: it verifies what the drafter proposed
+    then (one pass: held requests verify none), not its window's depth; counted, not timed."""
 
 
 _Prior = tuple[Weights, tuple[list[float], list[float]]]
@@ -210,6 +225,7 @@ class DepthController:
             self.rng,
             max_patience=self.settings.step_max_patience,
             borrow=self.settings.step_borrow_times,
+            by_share=self.settings.step_verify_share,
         )
         self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
         """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
@@ -219,6 +235,9 @@ class DepthController:
         self.settings = settings
         self.step_chooser.max_patience = settings.step_max_patience
         self.step_chooser.borrow = settings.step_borrow_times
+        self.step_chooser.by_share = settings.step_verify_share
+        for table in self.step_chooser.times.values():
+            table.by_share = settings.step_verify_share
 
     # --- estimates ---
 
@@ -300,9 +319,11 @@ class DepthController:
         """The coming step's depth for every adaptive request of ``batch`` (every request scheduled)."""
         modes = [request.planned() for request in batch]
         adaptive = [(request, cap) for request, (cap, is_adaptive) in zip(batch, modes, strict=True) if is_adaptive]
-        if not adaptive:
-            return StepPlan({}, False, None, False)
         s = self.settings
+        if not adaptive:
+            if s.step_depth and s.step_cut_windows:
+                self.step_chooser.interrupt()
+            return StepPlan({}, False, None, False)
         self.planned_steps += 1
         self._score_share = min(1.0, s.scored_per_step / len(batch))
         if s.step_depth:
@@ -353,15 +374,21 @@ class DepthController:
         for request, _ in adaptive:
             self.track(request)  # a request entering a phase restarts its estimates now
         chooser, share = self.step_chooser, self.settings.explore_share
+        fixed_drafts = sum(d for _, d in fixed)
+        after_gap, chooser.resumed = chooser.resumed, False
         window = chooser.next_step()
         if window is None:  # a new window: only its choice needs the requests' estimates
             gains, caps, fixed_tokens, lefts, leaving = self._step_inputs(adaptive, fixed, ahead=False)
-            window = chooser.choose(batch_size, gains, caps, share, fixed_tokens, lefts=lefts, leaving=leaving)
+            window = chooser.choose(
+                batch_size, gains, caps, share, fixed_tokens, lefts=lefts, leaving=leaving, fixed_drafts=fixed_drafts
+            )
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
         depths = {}
         for request, cap in adaptive:
             depths[request.engine_id] = request.chosen = min(cap, window.depth)
+        window.drafts += fixed_drafts + sum(depths.values())
+        window.slots += batch_size
         next_drafts = None
         if window.to_plan == 0:
             # Its last step: the drafter proposes after it for the next window's first step, as many
@@ -369,14 +396,18 @@ class DepthController:
             # late verified the old depth's drafts in its first step, at the new depth's cost).
             gains, caps, fixed_tokens, lefts, leaving = self._step_inputs(adaptive, fixed, ahead=True)
             upcoming = chooser.choose(
-                batch_size, gains, caps, share, fixed_tokens, ahead=True, lefts=lefts, leaving=leaving
+                *(batch_size, gains, caps, share, fixed_tokens),
+                ahead=True,
+                lefts=lefts,
+                leaving=leaving,
+                fixed_drafts=fixed_drafts,
             )
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request's next step.
         held = [d for _, d in fixed]
         other = next_drafts is not None and max(1, next_drafts, *held) != max([1, *depths.values(), *held])
         # No shadow steps: a step that drafts K would be timed as this depth's.
-        return StepPlan(depths, False, None, False, window, next_drafts, other)
+        return StepPlan(depths, False, None, False, window, next_drafts, other, after_gap)
 
     def _step_inputs(
         self, adaptive: Sequence[tuple[RequestLedger, int]], fixed: Sequence[tuple[RequestLedger, int]], ahead: bool
@@ -466,7 +497,7 @@ class DepthController:
         if plan.step_window is not None:
             # A step drafting for a window of another depth ran that window's passes: its tokens are its
             # window's, its time is not (timed, a 1 -> 3 switch priced depth 1 an eighth of the way to 3).
-            timed_from = 0.0 if plan.drafts_for_next else previous_update
+            timed_from = 0.0 if plan.drafts_for_next or plan.after_gap else previous_update
             self.step_chooser.step_finished(plan.step_window, batch, timed_from, now, tokens)
 
     def count(self, phase: str, depth: int, tokens: int) -> None:
@@ -511,6 +542,7 @@ class DepthController:
             "step_depth_ms": self.step_chooser.snapshot() if self.settings.step_depth else None,
             "step_depth_switch_share": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
             "step_depth_windows": self.step_chooser.windows_snapshot() if self.settings.step_depth else None,
+            "step_depth_share_slope": self.step_chooser.slope_snapshot() if self.settings.step_depth else None,
             "hold_tokens": self.hold_length(),
             "holds_measured": len(self.hold_lengths),
         }

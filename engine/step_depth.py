@@ -121,6 +121,10 @@ class StepDepthChooser:
     """A depth not yet linked to the others at a bucket is priced from the nearest bucket where every
     depth is, and tried first only when that price is within ``close_gap`` of the best; False (the
     default, ``ControllerSettings.step_borrow_times``): every such depth is tried first."""
+    by_share: bool = True
+    """A depth's step time at the drafts per request the batch would verify at it (held requests
+    verify none), from the measured slope (``BucketTimes.slope``); False
+    (``ControllerSettings.step_verify_share``): one time per depth and bucket."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -131,15 +135,18 @@ class StepDepthChooser:
     """The window whose steps are finishing now (under async scheduling, the one before ``current``)."""
     last_kept: StepWindow | None = None
     """The last window kept, when nothing came between it and the next one (a pair's first half)."""
+    resumed: bool = False
+    """Steps without adaptive requests came since the last window's step (``interrupt``)."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
-    history: deque[tuple[int, int, bool, int, float, float, float, float, float]] = field(
+    history: deque[tuple[int, int, bool, int, float, float, float, float, float, float]] = field(
         default_factory=lambda: deque(maxlen=1024)
     )
     """The last closed windows as (bucket, depth, switched, steps in the mean, mean step seconds,
     slowest step seconds, requests at a depth it did not set per planned step, tokens per step
-    expected when chosen, tokens per finished step): what the estimates were made from and how the
-    choice's token count held (``/phasespec/state``; a benchmark's whole run)."""
+    expected when chosen, tokens per finished step, drafts verified per request): what the
+    estimates were made from and how the choice's token count held (``/phasespec/state``; a
+    benchmark's whole run)."""
 
     def choose(
         self,
@@ -151,12 +158,14 @@ class StepDepthChooser:
         ahead: bool = False,
         lefts: Sequence[int | None] | None = None,
         leaving: Sequence[Leaving] = (),
+        fixed_drafts: float = 0.0,
     ) -> StepWindow:
         """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d;
         ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set.
         ``ahead``: chosen at the last step of the window before it, so its first step is the next one.
         ``lefts[i]``: request i's tokens before its depth stops mattering (None: no end known).
-        ``leaving``: held requests that leave their hold within the window (not in ``fixed_tokens``)."""
+        ``leaving``: held requests that leave their hold within the window (not in ``fixed_tokens``).
+        ``fixed_drafts``: the drafts a step the requests whose depth the window does not set verify."""
         window = self.next_step()
         if window is not None:
             return window
@@ -164,14 +173,15 @@ class StepDepthChooser:
         bucket = bucket_of(batch)
         table = self.bucket(bucket)
         table.windows += 1
-        estimates = table.estimates()
         # A depth past every request's cap runs as the deepest cap (each verifies min(cap, D)): timed
         # under its own name, it priced depth 3 at depth 1's cost whenever the batch was capped at 1.
         top = min(self.max_depth, max([*caps, *(r.cap for r in leaving)], default=self.max_depth))
+        shares = self.shares(batch, caps, fixed_drafts, leaving)
+        estimates = table.estimates(shares)
         untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
         rates: list[float] = []
         if untimed and self.borrow:
-            priced = self.borrowed(bucket, estimates, top)
+            priced = self.borrowed(bucket, estimates, top, shares)
             if priced is not None:
                 estimates = priced
                 rates = [
@@ -202,12 +212,29 @@ class StepDepthChooser:
         self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
         return self.current
 
-    def borrowed(self, bucket: int, estimates: Sequence[float | None], top: int) -> list[float | None] | None:
+    def shares(self, batch: int, caps: Sequence[int], fixed_drafts: float, leaving: Sequence[Leaving]) -> list[float]:
+        """Per depth D, the drafts a step of a window at D verifies per request of the batch: each
+        adaptive request's min(cap, D), the fixed ones', a leaving request's over its steps after
+        the hold."""
+        steps = self.window_steps
+        return [
+            (
+                sum(min(cap, d) for cap in caps)
+                + fixed_drafts
+                + sum(min(r.cap, d) * (steps - min(r.held_steps, steps)) / steps for r in leaving)
+            )
+            / max(batch, 1)
+            for d in range(self.max_depth + 1)
+        ]
+
+    def borrowed(
+        self, bucket: int, estimates: Sequence[float | None], top: int, shares: Sequence[float] | None = None
+    ) -> list[float | None] | None:
         """``estimates`` with the depths up to ``top`` not linked here priced from the nearest bucket
         where all of them are: its time relative to the nearest depth linked here (or, none linked,
-        its times as they are: only ratios decide). None: no such bucket."""
+        its times as they are: only ratios decide), at ``shares``. None: no such bucket."""
         for other in sorted(self.times, key=lambda b: (abs(b - bucket), b)):
-            there = self.times[other].estimates() if other != bucket else []
+            there = self.times[other].estimates(shares) if other != bucket else []
             if len(there) <= top or any(t is None for t in there[: top + 1]):
                 continue
             linked = [d for d in range(top + 1) if estimates[d] is not None]
@@ -221,6 +248,15 @@ class StepDepthChooser:
                     out[d] = here * far / near
             return out
         return None
+
+    def interrupt(self) -> None:
+        """A step without adaptive requests (all held at their thinking budget, or static): the window
+        planned ends (a window chosen ahead, with no step planned yet, too), and the next is chosen
+        for the batch that follows. The batch after such steps is another: the requests entered
+        their holds before it and leave them in it, so a depth chosen before no longer holds."""
+        if self.current is not None:
+            self.current.to_plan = 0
+            self.resumed = True
 
     def next_step(self) -> StepWindow | None:
         """The current window, when this step still belongs to it (None: a new window is due)."""
@@ -307,26 +343,31 @@ class StepDepthChooser:
         measured, slowest, kept = window.mean_and_slowest(self.stall_factor)
         fixed = window.fixed / window.planned if window.planned else 0.0
         realized = window.tokens / window.finished if window.finished else 0.0
+        share = window.share()
         self.history.append(
-            (window.bucket, window.depth, window.switched, kept, measured, slowest, fixed, window.predicted, realized)
+            (
+                *(window.bucket, window.depth, window.switched, kept, measured, slowest),
+                *(fixed, window.predicted, realized, share),
+            )
         )
         adjacent = (
             before is not None
             and before.bucket == window.bucket
             and window.started - before.ended <= window.ended - window.started
         )
-        self.bucket(window.bucket).add(window.depth, measured, adjacent)
+        self.bucket(window.bucket).add(window.depth, measured, adjacent, share)
         self.last_kept = window
 
     def bucket(self, bucket: int) -> BucketTimes:
         table = self.times.get(bucket)
         if table is None:
-            table = self.times[bucket] = BucketTimes.empty(self.max_depth, self.memory)
+            table = self.times[bucket] = BucketTimes.empty(self.max_depth, self.memory, self.by_share)
         return table
 
-    def observe(self, bucket: int, depth: int, seconds: float) -> None:
-        """A window's mean step time, right after the last one observed at ``bucket`` (tests)."""
-        self.bucket(bucket).add(depth, seconds, adjacent=True)
+    def observe(self, bucket: int, depth: int, seconds: float, share: float | None = None) -> None:
+        """A window's mean step time at ``share`` drafts verified per request (None: its depth), right
+        after the last one observed at ``bucket`` (tests)."""
+        self.bucket(bucket).add(depth, seconds, adjacent=True, share=share)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -337,11 +378,16 @@ class StepDepthChooser:
     def windows_snapshot(self) -> list[list[Any]]:
         """The last closed windows: [bucket, depth, switched, steps in the mean, mean step ms, slowest step
         ms, requests per step at a depth the window did not set, tokens per step expected when chosen,
-        tokens per finished step]."""
-        return [
-            [b, d, s, n, round(t * 1e3, 3), round(top * 1e3, 3), round(fixed, 2), round(want, 2), round(got, 2)]
-            for b, d, s, n, t, top, fixed, want, got in self.history
-        ]
+        tokens per finished step, drafts verified per request]."""
+        rows = []
+        for b, d, s, n, t, top, fixed, want, got, v in self.history:
+            ms = [round(t * 1e3, 3), round(top * 1e3, 3)]
+            rows.append([b, d, s, n, *ms, round(fixed, 2), round(want, 2), round(got, 2), round(v, 3)])
+        return rows
+
+    def slope_snapshot(self) -> dict[str, float]:
+        """Per bucket, the log step time's slope in drafts verified per request."""
+        return {str(bucket): round(table.slope(), 4) for bucket, table in sorted(self.times.items())}
 
     def switch_snapshot(self) -> dict[str, float | None]:
         """Per bucket, what a switch of depth adds to a window's time, as a share."""
