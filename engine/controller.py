@@ -374,7 +374,8 @@ class DepthController:
         for request, _ in adaptive:
             self.track(request)  # a request entering a phase restarts its estimates now
         chooser, share = self.step_chooser, self.settings.explore_share
-        fixed_drafts = sum(d for _, d in fixed)
+        held = [d for _, d in fixed]
+        fixed_drafts = sum(held)
         after_gap, chooser.resumed = chooser.resumed, False
         window = chooser.next_step()
         if window is None:  # a new window: only its choice needs the requests' estimates
@@ -404,7 +405,6 @@ class DepthController:
             )
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request's next step.
-        held = [d for _, d in fixed]
         other = next_drafts is not None and max(1, next_drafts, *held) != max([1, *depths.values(), *held])
         # No shadow steps: a step that drafts K would be timed as this depth's.
         return StepPlan(depths, False, None, False, window, next_drafts, other, after_gap)
@@ -425,12 +425,14 @@ class DepthController:
         # half as much from a deeper depth, for the same extra time).
         fixed_tokens = 0.0
         leaving: list[Leaving] = []
+        answer_gains: list[float] | None = None
         for request, depth in fixed:
             held_steps = self._held_steps(request, ahead)
             if held_steps is not None and held_steps < self.step_chooser.window_steps:
                 left = request.max_tokens_left
                 after = None if left is None else max(0, left - held_steps - ahead)
-                leaving.append(Leaving(self._answer_gains(), request.cap, held_steps, after))
+                answer_gains = answer_gains or self._answer_gains()  # one phase's: once per choice
+                leaving.append(Leaving(answer_gains, request.cap, held_steps, after))
                 continue
             fixed_tokens += 1 + (cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0)
         lefts = [request.tokens_left for request, _ in adaptive]
