@@ -185,6 +185,32 @@ def window_table(state: dict[str, Any]) -> list[str]:
     return lines
 
 
+def held_table(state: dict[str, Any]) -> list[str]:
+    """Markdown: tokens per ms of the chooser's windows by bucket, share of the batch held at a fixed
+    depth (quarters of the bucket's largest batch, ``2 ** bucket``) and depth, steps weighted: does
+    depth 0 run only where most of the batch is held, and does it pay there? Windows written before
+    the eighth GPU session (no tokens yielded) are left out."""
+    groups: dict[tuple[int, int, int], list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
+    for bucket, depth, _switched, steps, mean_ms, _slowest, *extra in state.get("step_depth_windows") or []:
+        if len(extra) < 3 or not steps:
+            continue
+        held, yielded = extra[0], extra[2]
+        quarter = min(int(4 * held / 2**bucket), 3)  # bucket b holds batches up to 2**b
+        group = groups[(bucket, quarter, depth)]
+        group[0] += 1
+        group[1] += steps
+        group[2] += yielded * steps
+        group[3] += mean_ms * steps
+    lines = [
+        "| bucket | held at a fixed depth | depth | windows | steps | tokens per ms |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for (bucket, quarter, depth), (windows, steps, tokens, ms) in sorted(groups.items()):
+        band = f"{25 * quarter}-{25 * (quarter + 1)}% of {2**bucket}"
+        lines.append(f"| {bucket} | {band} | {depth} | {windows} | {steps} | {tokens / ms if ms else 0:.2f} |")
+    return lines if len(lines) > 2 else []
+
+
 def main(argv: list[str]) -> None:
     folders = [Path(p) for p in argv]
     cells = read_cells(folders)
@@ -199,6 +225,10 @@ def main(argv: list[str]) -> None:
         if state.get("step_depth_windows"):
             print(f"\nThe step chooser's windows ({state_file}):\n")
             print("\n".join(window_table(state)))
+            held = held_table(state)
+            if held:
+                print("\nThe same windows by requests held, tokens per ms (steps weighted):\n")
+                print("\n".join(held))
 
 
 if __name__ == "__main__":

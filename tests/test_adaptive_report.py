@@ -119,3 +119,24 @@ def test_adaptive_under_caps_is_parsed_and_named_for_its_caps() -> None:
         parse_policies("adaptive@1:1=aa", max_depth=3)
     with pytest.raises(SystemExit):
         parse_policies("adaptive@4:1", max_depth=3)
+
+
+def test_the_held_table_weighs_windows_by_steps_in_quarters_of_the_bucket() -> None:
+    """Depth 0 with most of a batch of 64 held against depth 1 with few (docs/gpu.md, the
+    twenty-second session): tokens per ms summed over steps, not averaged over windows."""
+    from load.adaptive_report import held_table
+
+    state = {
+        "step_depth_windows": [
+            [6, 0, True, 8, 10.0, 12.0, 60.0, 64.0, 40.0],  # 48-64 held: 8 steps, 40 tok in 10 ms
+            [6, 0, False, 2, 20.0, 22.0, 50.0, 64.0, 64.0],  # 48-64 held: 2 steps, 64 tok in 20 ms
+            [6, 1, False, 4, 12.0, 13.0, 3.0, 90.0, 60.0],  # 0-16 held
+            [4, 1, False, 8, 12.0, 13.0, 2.0],  # before tokens were recorded: left out
+        ],
+    }
+    lines = held_table(state)
+    assert lines[2] == "| 6 | 0-25% of 64 | 1 | 1 | 4 | 5.00 |"
+    # (8 * 40 + 2 * 64) tokens over (8 * 10 + 2 * 20) ms
+    assert lines[3] == f"| 6 | 75-100% of 64 | 0 | 2 | 10 | {(8 * 40 + 2 * 64) / (8 * 10 + 2 * 20):.2f} |"
+    assert len(lines) == 4
+    assert held_table({"step_depth_windows": [[4, 1, False, 8, 12.0, 13.0, 2.0]]}) == []
