@@ -545,6 +545,9 @@ class DepthController:
             "step_depth_switch_share": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
             "step_depth_windows": self.step_chooser.windows_snapshot() if self.settings.step_depth else None,
             "step_depth_share_slope": self.step_chooser.slope_snapshot() if self.settings.step_depth else None,
+            "step_depth_cut_windows": (
+                {str(b): n for b, n in sorted(self.step_chooser.cut.items())} if self.settings.step_depth else None
+            ),
             "hold_tokens": self.hold_length(),
             "holds_measured": len(self.hold_lengths),
         }

@@ -143,6 +143,8 @@ class StepDepthChooser:
     """The last window kept, when nothing came between it and the next one (a pair's first half)."""
     resumed: bool = False
     """Steps without adaptive requests came since the last window's step (``interrupt``)."""
+    cut: dict[int, int] = field(default_factory=dict)
+    """Bucket -> windows that ``interrupt`` ended with steps still planned."""
     repeat: int | None = None
     """A depth run again in the next window, so that it is timed after a window of its own."""
     history: deque[tuple[int, int, bool, int, float, float, float, float, float, float]] = field(
@@ -261,6 +263,8 @@ class StepDepthChooser:
         for the batch that follows. The batch after such steps is another: the requests entered
         their holds before it and leave them in it, so a depth chosen before no longer holds."""
         if self.current is not None:
+            if self.current.to_plan > 0:
+                self.cut[self.current.bucket] = self.cut.get(self.current.bucket, 0) + 1
             self.current.to_plan = 0
             self.resumed = True
 

@@ -229,6 +229,9 @@ def main(argv: list[str]) -> None:
             if held:
                 print("\nThe same windows by requests held, tokens per ms (steps weighted):\n")
                 print("\n".join(held))
+            if state.get("step_depth_cut_windows") is not None:  # since the twenty-second GPU session
+                cut = json.dumps(state["step_depth_cut_windows"])
+                print(f"\nWindows ended early by steps without adaptive requests, by bucket: {cut}")
 
 
 if __name__ == "__main__":

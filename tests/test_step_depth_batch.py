@@ -57,8 +57,10 @@ def test_a_step_without_adaptive_requests_ends_the_window_and_the_next_fits_the_
     if cut:
         assert leaving.step_window is not entering.step_window and leaving.step_window.depth == 1
         assert leaving.after_gap, "its first step verifies the one pass drafted while all were held"
+        assert ctrl.snapshot(False)["step_depth_cut_windows"] == {"6": 1}
     else:
         assert leaving.step_window is entering.step_window and not leaving.after_gap
+        assert ctrl.snapshot(False)["step_depth_cut_windows"] == {}
     assert not ctrl.plan(batch_of(0)).after_gap
 
 
