@@ -431,7 +431,8 @@ class DepthController:
             if held_steps is not None and held_steps < self.step_chooser.window_steps:
                 left = request.max_tokens_left
                 after = None if left is None else max(0, left - held_steps - ahead)
-                answer_gains = answer_gains or self._answer_gains()  # one phase's: once per choice
+                if answer_gains is None:  # one phase's: once per choice
+                    answer_gains = self._answer_gains()
                 leaving.append(Leaving(answer_gains, request.cap, held_steps, after))
                 continue
             fixed_tokens += 1 + (cumulative(self._candidate(request, 0, depth, priors).accepted)[depth] if depth else 0)
@@ -545,9 +546,7 @@ class DepthController:
             "step_depth_switch_share": self.step_chooser.switch_snapshot() if self.settings.step_depth else None,
             "step_depth_windows": self.step_chooser.windows_snapshot() if self.settings.step_depth else None,
             "step_depth_share_slope": self.step_chooser.slope_snapshot() if self.settings.step_depth else None,
-            "step_depth_cut_windows": (
-                {str(b): n for b, n in sorted(self.step_chooser.cut.items())} if self.settings.step_depth else None
-            ),
+            "step_depth_cut_windows": self.step_chooser.cut_snapshot() if self.settings.step_depth else None,
             "hold_tokens": self.hold_length(),
             "holds_measured": len(self.hold_lengths),
         }

@@ -395,6 +395,10 @@ class StepDepthChooser:
             rows.append([b, d, s, n, *ms, round(fixed, 2), round(want, 2), round(got, 2), round(v, 3)])
         return rows
 
+    def cut_snapshot(self) -> dict[str, int]:
+        """Per bucket, the windows ``interrupt`` ended with steps still planned."""
+        return {str(bucket): n for bucket, n in sorted(self.cut.items())}
+
     def slope_snapshot(self) -> dict[str, float]:
         """Per bucket, the log step time's slope in drafts verified per request."""
         return {str(bucket): round(table.slope(), 4) for bucket, table in sorted(self.times.items())}

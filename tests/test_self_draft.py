@@ -151,10 +151,10 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
     # Each goes on into an adaptive answer, as through the server: told nothing, a request stays
     # held at its budget to its end, and its 24 reasoning tokens before the hold gave so few
     # windows that a depth was left unlinked in some module runs.
-    # The window cut off (a step without adaptive requests ends the window; on by default): with it, a
+    # The window cut off (on by default, a step without adaptive requests ends the window): with it, a
     # lone request's depth rises mostly where its hold ends, in a window chosen fresh whose first step
-    # verifies the one pass drafted during the hold (``StepPlan.after_gap``), and this test is about
-    # the look-ahead inside a run of windows (CI, 2026-12-07: every raise came at a hold's end).
+    # verifies what was drafted for the held step, not its depth (``StepPlan.after_gap``); this test
+    # is about the look-ahead inside a run of windows (CI, 2026-12-07: every raise came at a hold's end).
     old = await engine.configure_controller(step_cut_windows=False)
     try:
         for i, reference in enumerate(references):
