@@ -23,6 +23,7 @@ import logging
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="all",
         help="'all' (every map, then adaptive) or e.g. '0:0,1:2,adaptive,3:3=aa' (reasoning:answer; "
         "'=NAME' runs a static policy a second time under another name: the A/A control; "
-        "'adaptive@R:A' the adaptive policy with caps R and A, named adaptive-R-A)",
+        "'adaptive@R:A' the adaptive policy with caps R and A, named adaptive-R-A; 'adaptive=NAME' the "
+        "adaptive policy a second time, named adaptive-NAME, under the controller settings --arm NAME gives)",
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="controller settings for the cells of 'adaptive=NAME' (set before each of its cells, the "
+        "others' restored after it), e.g. 'noexp={\"explore_share\": 0}': two choosers' rules "
+        "interleaved on one engine; the arms share what the controller has learned",
     )
     parser.add_argument(
         "--emulate",
@@ -86,10 +97,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--speculative-config with another drafter (docs/design.md, 'Adaptive depth')",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default load/results/<time>)")
-    return parser.parse_args(argv)
+    cfg = parser.parse_args(argv)
+    cfg.arms = parse_arms(cfg.arm)
+    parse_policies(cfg.policies, 1 << 20, cfg.arms)  # refused before the engine starts, not after
+    return cfg
 
 
-def parse_policies(text: str, max_depth: int) -> list[Policy]:
+def parse_arms(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--arm NAME=JSON`` -> {NAME: settings}."""
+    arms = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--arm {item}: expected NAME=JSON")
+        try:
+            settings = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--arm {item}: {exc}") from None
+        if not isinstance(settings, dict):
+            raise SystemExit(f"--arm {item}: the settings must be a JSON object")
+        arms[name] = settings
+    return arms
+
+
+def parse_policies(text: str, max_depth: int, arms: dict[str, dict[str, Any]] | None = None) -> list[Policy]:
     adaptive = Policy(max_depth, max_depth, adaptive=True)
     if text == "all":
         return [*policy_grid(max_depth), adaptive]
@@ -97,6 +128,12 @@ def parse_policies(text: str, max_depth: int) -> list[Policy]:
     for item in text.split(","):
         if item == "adaptive":
             policies.append(adaptive)
+            continue
+        if item.startswith("adaptive="):
+            arm = item.removeprefix("adaptive=")
+            if arm not in (arms or {}):
+                raise SystemExit(f"policy {item}: no --arm {arm}=JSON gives its controller settings")
+            policies.append(replace(adaptive, twin=arm))
             continue
         capped = item.startswith("adaptive@")
         depths, _, twin = item.removeprefix("adaptive@").partition("=")
@@ -160,6 +197,26 @@ async def run_cell(
             keys = ("decisions", "decisions_total", "explored_steps")
             cell.decisions.append({"request": i, **{key: report.get(key) for key in keys}})
 
+    arm = cfg.arms.get(policy.twin) if policy.adaptive and policy.twin else None
+    restore = await engine.configure_controller(**arm) if arm else {}
+    try:
+        return await measure_cell(engine, policy, cell, one, prompts, outputs, reference)
+    finally:
+        if arm:
+            await engine.configure_controller(**{key: restore[key] for key in arm})
+
+
+async def measure_cell(
+    engine: Any,
+    policy: Policy,
+    cell: Cell,
+    one: Any,
+    prompts: list[tuple[str, dict[str, Any]]],
+    outputs: list[list[int]],
+    reference: dict[int, list[int]] | None,
+) -> tuple[Cell, list[list[Any]], list[list[int]]]:
+    """Run a cell's requests (``one`` each) and read what the engine counted over them."""
+    concurrency = cell.concurrency
     await engine.drain_step_log()
     await engine.controller_state(reset_window=True)
     probe_before = await engine.cpu_probe()
@@ -221,7 +278,7 @@ async def main_async(cfg: argparse.Namespace) -> Path:
         if json.loads(cfg.controller):
             await engine.configure_controller(**json.loads(cfg.controller))
         k = engine.max_spec_depth
-        policies = parse_policies(cfg.policies, k)
+        policies = parse_policies(cfg.policies, k, cfg.arms)
         reasoning = engine.vllm_config.reasoning_config
         end_len = len(reasoning.reasoning_end_token_ids or ()) if reasoning is not None else 0
         concurrencies = [int(c) for c in cfg.concurrency.split(",")]

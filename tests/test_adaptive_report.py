@@ -121,6 +121,25 @@ def test_adaptive_under_caps_is_parsed_and_named_for_its_caps() -> None:
         parse_policies("adaptive@4:1", max_depth=3)
 
 
+def test_an_adaptive_arm_is_the_adaptive_policy_again_under_its_own_settings() -> None:
+    from load.bench_policies import parse_args
+
+    cfg = parse_args(["--policies", "1:1,adaptive,adaptive=noexp", "--arm", 'noexp={"explore_share": 0}'])
+    assert cfg.arms == {"noexp": {"explore_share": 0}}
+    from load.bench_policies import parse_policies
+
+    arm = parse_policies(cfg.policies, 3, cfg.arms)[2]
+    assert arm.name == "adaptive-noexp" and arm.adaptive and (arm.reasoning, arm.answer) == (3, 3)
+    for bad in (
+        ["--policies", "adaptive=noexp"],  # no --arm names its settings
+        ["--policies", "adaptive", "--arm", "noexp"],
+        ["--policies", "adaptive", "--arm", "noexp=[1]"],
+        ["--policies", "adaptive", "--arm", "noexp={nope"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
 def test_the_held_table_weighs_windows_by_steps_in_quarters_of_the_bucket() -> None:
     """Depth 0 with most of a batch of 64 held against depth 1 with few (docs/gpu.md, the
     twenty-second session): tokens per ms summed over steps, not averaged over windows."""
