@@ -211,6 +211,45 @@ def held_table(state: dict[str, Any]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def mix_table(folder: Path, against: str = "fixed-1") -> list[str]:
+    """Markdown: each policy's timed steps against ``against``'s, split into what its choices cost and
+    how fast its steps ran. A step's time depends on its shape (concurrency, tokens verified) and on
+    the host's speed at that moment, which drifts more than depths differ (an A/A twin reads 0.8-1.2x
+    on a shared host). Pricing every policy's steps at the run's mean time for each shape, pooled over
+    all policies (``cost_curve.csv``), cancels the drift: ``mix`` is the throughput its choices would
+    have at equal speed (the A/A twin reads 1.000). ``speed`` is the rest: its steps' own times against
+    those prices, relative to ``against``'s (the host's drift, and any per-step CPU a policy adds);
+    ``timed`` = mix x speed is the ratio of the timed steps' total times. Untimed steps (prefills,
+    steps the worker did not go straight into) are left out of all three."""
+    pooled_file, by_policy_file = folder / "cost_curve.csv", folder / "cost_by_policy.csv"
+    if not pooled_file.exists() or not by_policy_file.exists():
+        return []
+    with pooled_file.open() as f:
+        pooled = {(int(r["concurrency"]), int(r["tokens_per_step"])): float(r["mean_ms"]) for r in csv.DictReader(f)}
+    totals: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    with by_policy_file.open() as f:
+        for r in csv.DictReader(f):
+            conc, steps = int(r["concurrency"]), int(r["steps"])
+            total = totals[(conc, r["policy"])]
+            total[0] += steps
+            total[1] += steps * pooled[(conc, int(r["tokens_per_step"]))]
+            total[2] += steps * float(r["mean_ms"])
+    lines = [
+        f"| conc | policy | timed steps / {against}'s | mix: priced at pooled step times | speed at equal shapes "
+        "| timed: mix x speed |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for conc, name in sorted(k for k in totals if k[1] != against):
+        base = totals.get((conc, against))
+        if base is None:
+            continue
+        count, priced, own = totals[(conc, name)]
+        mix = base[1] / priced
+        speed = (priced / own) / (base[1] / base[2])
+        lines.append(f"| {conc} | {name} | {count / base[0]:.3f} | {mix:.3f} | {speed:.3f} | {mix * speed:.3f} |")
+    return lines if len(lines) > 2 else []
+
+
 def main(argv: list[str]) -> None:
     folders = [Path(p) for p in argv]
     cells = read_cells(folders)
@@ -220,6 +259,10 @@ def main(argv: list[str]) -> None:
         print("\nAdaptive against each policy that has an A/A twin, paired per repetition:\n")
         print("\n".join(twins))
     for folder in folders:
+        mix = mix_table(folder)
+        if mix:
+            print(f"\nEach policy's timed steps against fixed-1's, its choices priced at equal speed ({folder}):\n")
+            print("\n".join(mix))
         state_file = folder / "controller.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
         if state.get("step_depth_windows"):

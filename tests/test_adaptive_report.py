@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +160,25 @@ def test_the_held_table_weighs_windows_by_steps_in_quarters_of_the_bucket() -> N
     assert lines[3] == f"| 6 | 75-100% of 64 | 0 | 2 | 10 | {(8 * 40 + 2 * 64) / (8 * 10 + 2 * 20):.2f} |"
     assert len(lines) == 4
     assert held_table({"step_depth_windows": [[4, 1, False, 8, 12.0, 13.0, 2.0]]}) == []
+
+
+def test_the_mix_table_prices_every_policys_steps_at_the_pooled_times(tmp_path: Path) -> None:
+    """A twin on a slow minute reads mix 1.000 and the slowness as speed; a policy running deeper,
+    dearer steps at the same speed reads its choices' cost as mix."""
+    from load.adaptive_report import mix_table
+    from load.policy_report import cost_curve, write_csv
+
+    steps = [
+        *[(16, 16, 32, 16, 0.010, "fixed-1")] * 10,
+        *[(16, 16, 32, 16, 0.012, "fixed-1-aa")] * 10,  # the same steps, the host 20% slower
+        *[(16, 16, 32, 16, 0.011, "adaptive")] * 5,
+        *[(16, 16, 48, 32, 0.015, "adaptive")] * 4,
+    ]
+    write_csv(tmp_path / "cost_curve.csv", cost_curve(steps))
+    write_csv(tmp_path / "cost_by_policy.csv", cost_curve(steps, by_policy=True))
+    rows = {line.split(" | ")[1]: line.strip("| ").split(" | ") for line in mix_table(tmp_path)[2:]}
+    assert rows["fixed-1-aa"][2:] == ["1.000", "1.000", "0.833", "0.833"]
+    # pooled: 32 tokens at (100 + 120 + 55) / 25 = 11 ms, 48 at 15; fixed-1 priced 110, adaptive 55 + 60.
+    assert rows["adaptive"][2] == "0.900" and rows["adaptive"][3] == f"{110 / 115:.3f}"
+    assert rows["adaptive"][5] == f"{100 / (55 + 60):.3f}"  # the timed steps' own total times
+    assert mix_table(tmp_path / "missing") == []
