@@ -217,36 +217,54 @@ def mix_table(folder: Path, against: str = "fixed-1") -> list[str]:
     the host's speed at that moment, which drifts more than depths differ (an A/A twin reads 0.8-1.2x
     on a shared host). Pricing every policy's steps at the run's mean time for each shape, pooled over
     all policies (``cost_curve.csv``), cancels the drift: ``mix`` is the throughput its choices would
-    have at equal speed (the A/A twin reads 1.000). ``speed`` is the rest: its steps' own times against
-    those prices, relative to ``against``'s (the host's drift, and any per-step CPU a policy adds);
-    ``timed`` = mix x speed is the ratio of the timed steps' total times. Untimed steps (prefills,
-    steps the worker did not go straight into) are left out of all three."""
+    have at equal speed (the A/A twin reads 1.000). ``full`` is the same over the steps with every slot
+    busy, and ``drain`` what the others (a cell's last requests, or a batch filling) add beyond
+    ``against``'s, as a share of its priced time: a cell ends when its slowest request does, and a
+    step of a few requests costs nearly a full one. Requests per step are in ``cost_by_batch.csv``
+    (since the twenty-third GPU session); without it, a step with fewer tokens verified than slots
+    stands for one with slots free, which counts a depth-0 step of a partial batch as drain and a
+    depth-1 one as full (the split then favours ``full`` for a policy that runs depth 0 in drains).
+    ``speed`` is the rest: its steps' own times against those prices, relative to ``against``'s (the
+    host's drift, and any per-step CPU a policy adds); ``timed`` = mix x speed is the ratio of the
+    timed steps' total times. Untimed steps (prefills, steps the worker did not go straight into) are
+    left out of all of them."""
     pooled_file, by_policy_file = folder / "cost_curve.csv", folder / "cost_by_policy.csv"
+    by_batch = (folder / "cost_by_batch.csv").exists()
+    by_policy_file = folder / "cost_by_batch.csv" if by_batch else by_policy_file
     if not pooled_file.exists() or not by_policy_file.exists():
         return []
     with pooled_file.open() as f:
         pooled = {(int(r["concurrency"]), int(r["tokens_per_step"])): float(r["mean_ms"]) for r in csv.DictReader(f)}
-    totals: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    # (conc, policy) -> [steps, priced ms, own ms, priced ms of the steps with fewer tokens than slots]
+    totals: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     with by_policy_file.open() as f:
         for r in csv.DictReader(f):
-            conc, steps = int(r["concurrency"]), int(r["steps"])
+            conc, tokens, steps = int(r["concurrency"]), int(r["tokens_per_step"]), int(r["steps"])
             total = totals[(conc, r["policy"])]
+            price = steps * pooled[(conc, tokens)]
             total[0] += steps
-            total[1] += steps * pooled[(conc, int(r["tokens_per_step"]))]
+            total[1] += price
             total[2] += steps * float(r["mean_ms"])
+            total[3] += price if (int(r["requests"]) if by_batch else tokens) < conc else 0.0
     lines = [
-        f"| conc | policy | timed steps / {against}'s | mix: priced at pooled step times | speed at equal shapes "
+        f"| conc | policy | timed steps / {against}'s | mix: priced at pooled step times | full: mix with every slot "
+        f"busy{'' if by_batch else ' (by tokens)'} | drain: priced time of the others beyond {against}'s "
+        "| speed at equal shapes "
         "| timed: mix x speed |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for conc, name in sorted(k for k in totals if k[1] != against):
         base = totals.get((conc, against))
         if base is None:
             continue
-        count, priced, own = totals[(conc, name)]
+        count, priced, own, drain = totals[(conc, name)]
         mix = base[1] / priced
+        full = (base[1] - base[3]) / (priced - drain) if priced > drain else float("nan")
         speed = (priced / own) / (base[1] / base[2])
-        lines.append(f"| {conc} | {name} | {count / base[0]:.3f} | {mix:.3f} | {speed:.3f} | {mix * speed:.3f} |")
+        lines.append(
+            f"| {conc} | {name} | {count / base[0]:.3f} | {mix:.3f} | {full:.3f} | {(drain - base[3]) / base[1]:+.3f} "
+            f"| {speed:.3f} | {mix * speed:.3f} |"
+        )
     return lines if len(lines) > 2 else []
 
 

@@ -9,7 +9,8 @@ other in a random order drawn afresh for every repetition (seeded). Each
 request reasons for ``--reasoning-budget`` tokens (vLLM's thinking budget
 forces ``</think>``) and then answers for ``--answer-tokens``: the reasoning
 share of tokens is set by these two.
-Writes ``policies.csv``, ``cost_curve.csv`` (all policies), ``cost_by_policy.csv``, ``cells.csv`` and
+Writes ``policies.csv``, ``cost_curve.csv`` (all policies), ``cost_by_policy.csv``, ``cost_by_batch.csv``
+(by policy and requests in the step), ``cells.csv`` and
 ``policies.png``.
 """
 
@@ -349,6 +350,7 @@ def write_tables(
     write_csv(out / "policies.csv", rows)
     write_csv(out / "cost_curve.csv", curve)
     write_csv(out / "cost_by_policy.csv", cost_curve(steps, by_policy=True))
+    write_csv(out / "cost_by_batch.csv", cost_curve(steps, by_policy=True, by_requests=True))
     write_csv(
         out / "cells.csv",
         [

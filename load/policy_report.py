@@ -213,26 +213,30 @@ def _matches(group: list[Cell]) -> str | None:
     return f"{sum(c.matches_uncapped or 0 for c in checked)}/{sum(c.requests for c in checked)}"
 
 
-def cost_curve(steps: Sequence[Sequence[Any]], by_policy: bool = False) -> list[dict[str, Any]]:
-    """Mean step time by tokens verified per step, per concurrency (and policy).
+def cost_curve(
+    steps: Sequence[Sequence[Any]], by_policy: bool = False, by_requests: bool = False
+) -> list[dict[str, Any]]:
+    """Mean step time by tokens verified per step, per concurrency (and policy, and requests in the step).
 
     ``steps``: (concurrency, requests in step, tokens verified, drafts, seconds, policy name).
     By policy, one policy's steps can be set against another's of the same shape: whether a
-    policy loses in its steps' time or in the shapes it runs.
+    policy loses in its steps' time or in the shapes it runs. By requests too, the steps with every
+    slot busy can be told from a cell's drain (load/adaptive_report.py ``mix_table``).
     """
-    groups: dict[tuple[int, str, int], list[float]] = defaultdict(list)
-    for conc, _, tokens, _, seconds, policy in steps:
-        groups[(conc, policy if by_policy else "", tokens)].append(seconds)
+    groups: dict[tuple[int, str, int, int], list[float]] = defaultdict(list)
+    for conc, requests, tokens, _, seconds, policy in steps:
+        groups[(conc, policy if by_policy else "", requests if by_requests else 0, tokens)].append(seconds)
     return [
         {
             "concurrency": conc,
             **({"policy": policy} if by_policy else {}),
+            **({"requests": requests} if by_requests else {}),
             "tokens_per_step": tokens,
             "steps": len(times),
             "mean_ms": round(1000 * statistics.fmean(times), 3),
             "p50_ms": round(1000 * statistics.median(times), 3),
         }
-        for (conc, policy, tokens), times in sorted(groups.items())
+        for (conc, policy, requests, tokens), times in sorted(groups.items())
     ]
 
 

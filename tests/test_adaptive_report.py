@@ -173,12 +173,33 @@ def test_the_mix_table_prices_every_policys_steps_at_the_pooled_times(tmp_path: 
         *[(16, 16, 32, 16, 0.012, "fixed-1-aa")] * 10,  # the same steps, the host 20% slower
         *[(16, 16, 32, 16, 0.011, "adaptive")] * 5,
         *[(16, 16, 48, 32, 0.015, "adaptive")] * 4,
+        (16, 2, 8, 6, 0.012, "adaptive"),  # its last two requests, alone in a step
     ]
     write_csv(tmp_path / "cost_curve.csv", cost_curve(steps))
     write_csv(tmp_path / "cost_by_policy.csv", cost_curve(steps, by_policy=True))
     rows = {line.split(" | ")[1]: line.strip("| ").split(" | ") for line in mix_table(tmp_path)[2:]}
-    assert rows["fixed-1-aa"][2:] == ["1.000", "1.000", "0.833", "0.833"]
-    # pooled: 32 tokens at (100 + 120 + 55) / 25 = 11 ms, 48 at 15; fixed-1 priced 110, adaptive 55 + 60.
-    assert rows["adaptive"][2] == "0.900" and rows["adaptive"][3] == f"{110 / 115:.3f}"
-    assert rows["adaptive"][5] == f"{100 / (55 + 60):.3f}"  # the timed steps' own total times
+    assert rows["fixed-1-aa"][2:] == ["1.000", "1.000", "1.000", "+0.000", "0.833", "0.833"]
+    # pooled: 32 tokens at (100 + 120 + 55) / 25 ms, 48 at 15, 8 (two requests left) at 12;
+    # fixed-1 priced 10 x p32, adaptive 5 x p32 + 60 at full batch and 12 in its drain.
+    p32 = (100 + 120 + 55) / 25
+    adaptive = rows["adaptive"][2:]
+    assert adaptive[0] == "1.000" and adaptive[1] == f"{10 * p32 / (5 * p32 + 60 + 12):.3f}"
+    assert adaptive[2] == f"{10 * p32 / (5 * p32 + 60):.3f}" and adaptive[3] == f"{+12 / (10 * p32):+.3f}"
+    assert adaptive[5] == f"{100 / (55 + 60 + 12):.3f}"  # the timed steps' own total times
+    assert "(by tokens)" in mix_table(tmp_path)[0]
+    # With requests per step (cost_by_batch.csv) a full batch is one with every slot busy: the same here.
+    write_csv(tmp_path / "cost_by_batch.csv", cost_curve(steps, by_policy=True, by_requests=True))
+    lines = mix_table(tmp_path)
+    assert "(by tokens)" not in lines[0]
+    assert {line.split(" | ")[1]: line.strip("| ").split(" | ") for line in lines[2:]}["adaptive"][2:] == adaptive
+    # A depth-0 step of 15 requests (15 tokens) is drain by requests, as by tokens; a depth-1 one (30) only by requests.
+    steps.append((16, 15, 30, 15, 0.011, "adaptive"))
+    write_csv(tmp_path / "cost_curve.csv", cost_curve(steps))
+    write_csv(tmp_path / "cost_by_batch.csv", cost_curve(steps, by_policy=True, by_requests=True))
+    write_csv(tmp_path / "cost_by_policy.csv", cost_curve(steps, by_policy=True))
+    by_requests = mix_table(tmp_path)[2:]
+    (tmp_path / "cost_by_batch.csv").unlink()
+    by_tokens = mix_table(tmp_path)[2:]
+    drain = {line.split(" | ")[1]: float(line.split(" | ")[5]) for line in by_requests}
+    assert drain["adaptive"] > {line.split(" | ")[1]: float(line.split(" | ")[5]) for line in by_tokens}["adaptive"]
     assert mix_table(tmp_path / "missing") == []
