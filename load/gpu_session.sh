@@ -51,8 +51,9 @@ for s in $STEPS; do
   bench-long-cells)  # fewer policies, longer cells: a cell of 3 requests per slot is 2-4 s, shorter than the
     # host's swings (tenth session: the A/A 0.77-1.39x in single repetitions)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
-      step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \
-      --requests-per-slot 8 --policies 0:0,1:1,adaptive,1:1=aa --out "$RES/$s" ;;
+      step "$s" python3 -m load.bench_policies --concurrency ${CONC:-16,64} --reps ${REPS:-3} --prompts 8 \
+      --requests-per-slot ${RPS:-12} --policies 0:0,1:1,adaptive,adaptive=noexp,1:1=aa \
+      --arm 'noexp={"explore_share": 0}' --out "$RES/$s" ;;
   bench-mixed-long)  # the mixed workload at c=16 (adaptive 0.81x fixed-1 in the tenth session), cells twice as long
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --workload mixed --concurrency 16 --reps ${REPS:-4} --prompts 8 \
