@@ -89,6 +89,10 @@ class ControllerSettings:
     (``StepDepthChooser.borrow``); off (the default: on an H100, twenty-first GPU session, it ran
     depth 2 for 10 windows in a row at c=16 on a price borrowed from c=4, and no gain showed):
     every depth is tried first at every batch size."""
+    step_drain_horizon: bool = False
+    """With ``step_depth``: a batch whose adaptive requests all run out of tokens within two windows
+    tries no depth first and re-runs none (``StepDepthChooser.drain_horizon``); off (the default
+    until measured on a GPU): it explores as any batch does."""
     step_cut_windows: bool = True
     """With ``step_depth``: a step without adaptive requests (all held at their thinking budget)
     ends the window planned, and the next is chosen for the batch after it
@@ -226,6 +230,7 @@ class DepthController:
             max_patience=self.settings.step_max_patience,
             borrow=self.settings.step_borrow_times,
             by_share=self.settings.step_verify_share,
+            drain_horizon=self.settings.step_drain_horizon,
         )
         self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
         """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
@@ -235,6 +240,7 @@ class DepthController:
         self.settings = settings
         self.step_chooser.max_patience = settings.step_max_patience
         self.step_chooser.borrow = settings.step_borrow_times
+        self.step_chooser.drain_horizon = settings.step_drain_horizon
         self.step_chooser.by_share = settings.step_verify_share
         for table in self.step_chooser.times.values():
             table.by_share = settings.step_verify_share

@@ -67,7 +67,8 @@ below (2 before the twentieth GPU session, where 6 took adaptive from 0.93-0.95 
 to the chooser capped at depth 1). The wait is half the windows this
 bucket has had so far (at least 16), at most K / ``explore_share``: a close
 depth is re-checked often while the estimates are young and rest on few pairs,
-then at the fixed interval. ``load/chooser_sim.py`` replays these rules against
+then at the fixed interval. With ``drain_horizon`` (off by default), a batch with a window or two of
+tokens left tries and re-runs nothing (``drains``). ``load/chooser_sim.py`` replays these rules against
 step times drawn from a GPU run's measured scatter, ``load/chooser_sweep.py``
 against every recorded run's (simulations, docs/gpu.md).
 """
@@ -127,6 +128,14 @@ class StepDepthChooser:
     """A depth not yet linked to the others at a bucket is priced from the nearest bucket where every
     depth is, and tried first only when that price is within ``close_gap`` of the best; False (the
     default, ``ControllerSettings.step_borrow_times``): every such depth is tried first."""
+    drain_horizon: bool = False
+    """A batch whose adaptive requests all run out of tokens (``lefts``) within two windows at depth 1
+    (a cell's last requests, a batch about to enter its holds) tries no depth first and re-runs none:
+    a depth not yet linked at its bucket is priced from the nearest bucket where every depth is, or
+    left out (``ControllerSettings.step_drain_horizon``). What such a window would learn is rarely
+    used: the batch is gone in a window or two, and windows at the small buckets a drain passes
+    through come a cell apart, never pair, and stay unlinked (twenty-third GPU session: adaptive's
+    cells ran up to 19 steps with slots free against fixed-1's 6-8)."""
     by_share: bool = True
     """A depth's step time at the drafts per request the batch would verify at it (held requests
     verify none), from the measured slope (``BucketTimes.slope``); False
@@ -188,7 +197,8 @@ class StepDepthChooser:
         estimates = table.estimates(shares)
         untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
         rates: list[float] = []
-        if untimed and self.borrow:
+        draining = self.drain_horizon and self.drains(gains, caps, lefts)
+        if untimed and (self.borrow or draining):
             priced = self.borrowed(bucket, estimates, top, shares)
             if priced is not None:
                 estimates = priced
@@ -196,7 +206,17 @@ class StepDepthChooser:
                     self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
                     for d in range(top + 1)
                 ]
-                untimed = [d for d in untimed if rates[d] >= (1 - self.close_gap) * max(rates)]
+                untimed = [] if draining else [d for d in untimed if rates[d] >= (1 - self.close_gap) * max(rates)]
+            elif draining and len(untimed) <= top:  # no bucket to borrow from: the best of those linked here
+                rates = [
+                    0.0
+                    if t is None
+                    else self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
+                    for d, t in enumerate(estimates[: top + 1])
+                ]
+                untimed = []
+        if draining:
+            self.repeat = None
         if self.repeat is not None and self.repeat > top:
             self.repeat = None
         if self.repeat is not None:
@@ -210,7 +230,7 @@ class StepDepthChooser:
                 self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
                 for d in range(top + 1)
             ]
-            stale = self.stale(table, rates, explore_share)
+            stale = None if draining else self.stale(table, rates, explore_share)
             if stale is not None:
                 depth = self.repeat = stale
             else:
@@ -219,6 +239,18 @@ class StepDepthChooser:
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
         self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
         return self.current
+
+    def drains(self, gains: Sequence[Sequence[float]], caps: Sequence[int], lefts: Sequence[int | None] | None) -> bool:
+        """Whether every adaptive request runs out of its tokens left within two windows at depth 1
+        (its 1 + E(min(cap, 1)) tokens a step); False when any has no end known."""
+        if not lefts or not gains:
+            return False
+        steps = 0.0
+        for g, cap, left in zip(gains, caps, lefts, strict=True):
+            if left is None:
+                return False
+            steps = max(steps, left / (1 + g[min(cap, 1)]))
+        return steps < 2 * self.window_steps
 
     def shares(self, batch: int, caps: Sequence[int], fixed_drafts: float, leaving: Sequence[Leaving]) -> list[float]:
         """Per depth D, the drafts a step of a window at D verifies per request of the batch: each

@@ -135,3 +135,44 @@ def test_the_chooser_prices_each_depth_at_its_share_of_the_batch() -> None:
     assert window is not None
     assert window.share() == pytest.approx(window.depth * 16 / 64)
     assert ctrl.snapshot(False)["step_depth_share_slope"] == {"6": 0.0}, "no pairs yet"
+
+
+def drain_chooser(horizon: bool) -> DepthController:
+    """A chooser that knows every depth's time at batch 16 and only depth 1's at batch 4 (bucket 2:
+    a cell's drain passes through it once a cell, so its windows never pair)."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, step_drain_horizon=horizon, seed=5))
+    chooser = ctrl.step_chooser
+    for depth, ms in enumerate([20.0, 21.0, 22.0, 40.0]):
+        chooser.observe(bucket_of(16), depth, ms / 1e3)
+    chooser.observe(bucket_of(4), 1, 18e-3)
+    return ctrl
+
+
+@pytest.mark.parametrize("left", [6, 100, None])
+def test_a_batch_that_runs_out_of_tokens_within_two_windows_tries_no_depth_first(left: int | None) -> None:
+    """Twenty-third GPU session: adaptive's cells ran up to 19 steps with slots free against fixed-1's
+    6-8, the loss priced at equal speed. A depth not linked at a drain's bucket was tried first, for
+    two windows, in every drain: with the horizon on, a batch with a window or two of tokens left
+    runs the best depth priced from the nearest bucket where all are."""
+    gains, caps = [[0.0, 0.7, 1.3, 1.6]] * 4, [K] * 4
+    for horizon in (False, True):
+        chooser = drain_chooser(horizon).step_chooser
+        draining = horizon and left is not None and left < 16 * 1.7
+        window = chooser.choose(4, gains, caps, 0.05, lefts=[left] * 4)
+        if draining:
+            # Borrowed from batch 16: depth 2 yields 2.3 tokens a request in 22 ms, depth 1 1.7 in 21.
+            assert window.depth == 2 and chooser.repeat is None
+        else:
+            assert window.depth in (0, 2, 3), "an unlinked depth is tried first"
+            assert chooser.repeat == window.depth, "for two windows"
+
+
+def test_a_draining_batch_with_nothing_to_borrow_runs_the_best_depth_linked_at_its_bucket() -> None:
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, step_drain_horizon=True, seed=5))
+    chooser = ctrl.step_chooser
+    chooser.observe(bucket_of(4), 1, 18e-3)  # the only bucket, one depth known
+    window = chooser.choose(4, [[0.0, 0.7, 1.3, 1.6]] * 4, [K] * 4, 0.05, lefts=[6] * 4)
+    assert window.depth == 1 and chooser.repeat is None
+    assert not ctrl.step_chooser.drains([[0.0, 0.7, 1.3, 1.6]], [K], [40])  # 40 / 1.7 > 16 steps
+    ctrl.reconfigure(ControllerSettings(step_depth=True, step_drain_horizon=False))
+    assert not ctrl.step_chooser.drain_horizon
