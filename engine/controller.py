@@ -89,6 +89,11 @@ class ControllerSettings:
     (``StepDepthChooser.borrow``); off (the default: on an H100, twenty-first GPU session, it ran
     depth 2 for 10 windows in a row at c=16 on a price borrowed from c=4, and no gain showed):
     every depth is tried first at every batch size."""
+    step_drain_finish: bool = False
+    """With ``step_depth``: a batch of adaptive requests that all end within the window, with no
+    request waiting for a slot, is priced by the steps until its last one ends
+    (``StepDepthChooser.drain_finish``); off (the default until measured on a GPU): a finished
+    request's slot counts a token a step, as if the next request took it."""
     step_drain_horizon: bool = False
     """With ``step_depth``: a batch whose adaptive requests all run out of tokens within two windows
     tries no depth first and re-runs none (``StepDepthChooser.drain_horizon``); off (the default
@@ -231,6 +236,7 @@ class DepthController:
             borrow=self.settings.step_borrow_times,
             by_share=self.settings.step_verify_share,
             drain_horizon=self.settings.step_drain_horizon,
+            drain_finish=self.settings.step_drain_finish,
         )
         self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
         """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
@@ -241,6 +247,7 @@ class DepthController:
         self.step_chooser.max_patience = settings.step_max_patience
         self.step_chooser.borrow = settings.step_borrow_times
         self.step_chooser.drain_horizon = settings.step_drain_horizon
+        self.step_chooser.drain_finish = settings.step_drain_finish
         self.step_chooser.by_share = settings.step_verify_share
         for table in self.step_chooser.times.values():
             table.by_share = settings.step_verify_share
@@ -321,8 +328,9 @@ class DepthController:
 
     # --- decisions ---
 
-    def plan(self, batch: Sequence[RequestLedger]) -> StepPlan:
-        """The coming step's depth for every adaptive request of ``batch`` (every request scheduled)."""
+    def plan(self, batch: Sequence[RequestLedger], waiting: int = 0) -> StepPlan:
+        """The coming step's depth for every adaptive request of ``batch`` (every request scheduled);
+        ``waiting``: requests queued for a slot."""
         modes = [request.planned() for request in batch]
         adaptive = [(request, cap) for request, (cap, is_adaptive) in zip(batch, modes, strict=True) if is_adaptive]
         s = self.settings
@@ -336,7 +344,7 @@ class DepthController:
             fixed = [
                 (request, depth) for request, (depth, is_adaptive) in zip(batch, modes, strict=True) if not is_adaptive
             ]
-            return self._plan_step_depth(len(batch), adaptive, fixed)
+            return self._plan_step_depth(len(batch), adaptive, fixed, waiting)
         warm = self.explored_steps >= s.warmup_steps
         explore = self._explore_next or not warm
         # A random step only teaches the slope through requests with drafts to
@@ -376,6 +384,7 @@ class DepthController:
         batch_size: int,
         adaptive: Sequence[tuple[RequestLedger, int]],
         fixed: Sequence[tuple[RequestLedger, int]],
+        waiting: int = 0,
     ) -> StepPlan:
         for request, _ in adaptive:
             self.track(request)  # a request entering a phase restarts its estimates now
@@ -383,11 +392,17 @@ class DepthController:
         held = [d for _, d in fixed]
         fixed_drafts = sum(held)
         after_gap, chooser.resumed = chooser.resumed, False
+        # Every request ends at its tokens left (no hold ahead) and none waits to take a freed slot.
+        finishing = not waiting and not fixed and all(r.tokens_left == r.max_tokens_left for r, _ in adaptive)
         window = chooser.next_step()
         if window is None:  # a new window: only its choice needs the requests' estimates
             gains, caps, fixed_tokens, lefts, leaving = self._step_inputs(adaptive, fixed, ahead=False)
             window = chooser.choose(
-                batch_size, gains, caps, share, fixed_tokens, lefts=lefts, leaving=leaving, fixed_drafts=fixed_drafts
+                *(batch_size, gains, caps, share, fixed_tokens),
+                lefts=lefts,
+                leaving=leaving,
+                fixed_drafts=fixed_drafts,
+                finishing=finishing,
             )
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
@@ -408,6 +423,7 @@ class DepthController:
                 lefts=lefts,
                 leaving=leaving,
                 fixed_drafts=fixed_drafts,
+                finishing=finishing,
             )
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request's next step.

@@ -242,7 +242,7 @@ class DepthScheduler(Scheduler):
             batch.append(ledger)
         if not batch:
             return None
-        plan = self.controller.plan(batch)
+        plan = self.controller.plan(batch, waiting=self.get_request_counts()[1])
         per_draft_ms = self.controller.per_draft_ms(len(batch)) if not plan.explore else None
         for ledger in batch:
             depth = plan.depths.get(ledger.engine_id)

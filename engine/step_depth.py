@@ -136,6 +136,14 @@ class StepDepthChooser:
     used: the batch is gone in a window or two, and windows at the small buckets a drain passes
     through come a cell apart, never pair, and stay unlinked (twenty-third GPU session: adaptive's
     cells ran up to 19 steps with slots free against fixed-1's 6-8)."""
+    drain_finish: bool = False
+    """A batch that ends within the window with no request waiting for a slot (``choose``'s
+    ``finishing``: a cell's last requests) is priced by the steps until its last request ends, not
+    a whole window with a token a step credited for each slot freed: in a drain no request takes
+    the slot, and the batch's steps cost nearly as much with a few requests as with all
+    (``ControllerSettings.step_drain_finish``; twenty-third GPU session: a third to half of
+    adaptive's drain steps, CPU engine, ran depth 0, which the credit made look as good as depth 1
+    for a request with a few tokens left)."""
     by_share: bool = True
     """A depth's step time at the drafts per request the batch would verify at it (held requests
     verify none), from the measured slope (``BucketTimes.slope``); False
@@ -176,13 +184,15 @@ class StepDepthChooser:
         lefts: Sequence[int | None] | None = None,
         leaving: Sequence[Leaving] = (),
         fixed_drafts: float = 0.0,
+        finishing: bool = False,
     ) -> StepWindow:
         """The window this step runs in; ``gains[i][d]``: request i's expected accepted drafts at depth d;
         ``fixed_tokens``: the expected tokens of the batch's requests whose depth the window does not set.
         ``ahead``: chosen at the last step of the window before it, so its first step is the next one.
         ``lefts[i]``: request i's tokens before its depth stops mattering (None: no end known).
         ``leaving``: held requests that leave their hold within the window (not in ``fixed_tokens``).
-        ``fixed_drafts``: the drafts a step the requests whose depth the window does not set verify."""
+        ``fixed_drafts``: the drafts a step the requests whose depth the window does not set verify.
+        ``finishing``: every request ends at its ``lefts`` and none waits for a slot (``drain_finish``)."""
         window = self.next_step()
         if window is not None:
             return window
@@ -203,7 +213,7 @@ class StepDepthChooser:
             if priced is not None:
                 estimates = priced
                 rates = [
-                    self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
+                    self.rate(d, estimates, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
                     for d in range(top + 1)
                 ]
                 untimed = [] if draining else [d for d in untimed if rates[d] >= (1 - self.close_gap) * max(rates)]
@@ -211,7 +221,7 @@ class StepDepthChooser:
                 rates = [
                     0.0
                     if t is None
-                    else self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
+                    else self.rate(d, estimates, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
                     for d, t in enumerate(estimates[: top + 1])
                 ]
                 untimed = []
@@ -227,7 +237,7 @@ class StepDepthChooser:
             depth = self.repeat = self.rng.choice(untimed)
         else:
             rates = rates or [
-                self.rate(d, estimates, self.tokens_at(d, gains, caps, fixed_tokens, lefts, leaving))
+                self.rate(d, estimates, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
                 for d in range(top + 1)
             ]
             stale = None if draining else self.stale(table, rates, explore_share)
@@ -237,7 +247,7 @@ class StepDepthChooser:
                 depth = max(range(top + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
-        self.current.predicted = self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
+        self.current.predicted = self.per_step(depth, gains, caps, fixed_tokens, lefts, leaving, finishing)
         return self.current
 
     def drains(self, gains: Sequence[Sequence[float]], caps: Sequence[int], lefts: Sequence[int | None] | None) -> bool:
@@ -331,6 +341,26 @@ class StepDepthChooser:
         seconds = table[depth]
         assert seconds is not None
         return tokens / seconds if seconds > 0 else math.inf
+
+    def per_step(
+        self,
+        depth: int,
+        gains: Sequence[Sequence[float]],
+        caps: Sequence[int],
+        fixed_tokens: float,
+        lefts: Sequence[int | None] | None,
+        leaving: Sequence[Leaving],
+        finishing: bool,
+    ) -> float:
+        """Expected tokens a step of a window at ``depth`` (``tokens_at``); a finishing batch
+        (``drain_finish``): its tokens over the steps until its last request ends, at most the window."""
+        if not (self.drain_finish and finishing and lefts and all(left is not None for left in lefts)):
+            return self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
+        steps = self.window_steps
+        rates = [1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True)]
+        ends = [left for left in lefts if left is not None]
+        runs = min(float(steps), max(1.0, *(left / y for left, y in zip(ends, rates, strict=True))))
+        return sum(min(float(left), steps * y) for left, y in zip(ends, rates, strict=True)) / runs
 
     def tokens_at(
         self,

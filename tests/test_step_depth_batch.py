@@ -176,3 +176,28 @@ def test_a_draining_batch_with_nothing_to_borrow_runs_the_best_depth_linked_at_i
     assert not ctrl.step_chooser.drains([[0.0, 0.7, 1.3, 1.6]], [K], [40])  # 40 / 1.7 > 16 steps
     ctrl.reconfigure(ControllerSettings(step_depth=True, step_drain_horizon=False))
     assert not ctrl.step_chooser.drain_horizon
+
+
+@pytest.mark.parametrize("finish", [False, True])
+@pytest.mark.parametrize("waiting", [0, 2])
+def test_a_batch_that_ends_in_the_window_with_nothing_waiting_is_priced_until_its_last_request_ends(
+    finish: bool, waiting: int
+) -> None:
+    """A request with 3 tokens left: depth 0 ends it in 3 steps of 18 ms, depth 1 in 1.8 of 21 ms.
+    Credited a token a step for its freed slot over the window (as if the next request took it),
+    depth 0 looks better (8 tokens in 8 x 18 ms against 9.2 in 8 x 21); in a drain no request
+    takes the slot, and depth 1 ends the batch sooner."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, step_drain_finish=finish, seed=3))
+    for depth, ms in [(0, 18.0), (1, 21.0), (0, 18.0)]:
+        ctrl.step_chooser.observe(bucket_of(1), depth, ms / 1e3)
+    answers_accepted(ctrl, 0.7)
+    last = request("last", "answer", 1)
+    last.tokens_left = last.max_tokens_left = 3
+    window = ctrl.plan([last], waiting=waiting).step_window
+    assert window is not None
+    assert window.depth == (1 if finish and not waiting else 0)
+    # A request whose tokens left run to a thinking-budget hold does not end there: no drain.
+    held_ahead = request("reasoning", "answer", 1)
+    held_ahead.tokens_left, held_ahead.max_tokens_left = 3, 40
+    ctrl.step_chooser.current = None
+    assert ctrl.plan([held_ahead]).step_window.depth == 0  # type: ignore[union-attr]
