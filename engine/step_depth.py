@@ -353,14 +353,17 @@ class StepDepthChooser:
         finishing: bool,
     ) -> float:
         """Expected tokens a step of a window at ``depth`` (``tokens_at``); a finishing batch
-        (``drain_finish``): its tokens over the steps until its last request ends, at most the window."""
+        (``drain_finish``) that ends within the window at ``depth``: its tokens over the steps until
+        its last request ends (a batch that runs on past the window is priced as any, its freed
+        slots credited)."""
         if not (self.drain_finish and finishing and lefts and all(left is not None for left in lefts)):
             return self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
-        steps = self.window_steps
-        rates = [1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True)]
         ends = [left for left in lefts if left is not None]
-        runs = min(float(steps), max(1.0, *(left / y for left, y in zip(ends, rates, strict=True))))
-        return sum(min(float(left), steps * y) for left, y in zip(ends, rates, strict=True)) / runs
+        rates = [1 + g[min(cap, depth)] for g, cap in zip(gains, caps, strict=True)]
+        runs = max(left / y for left, y in zip(ends, rates, strict=True))
+        if runs >= self.window_steps:
+            return self.tokens_at(depth, gains, caps, fixed_tokens, lefts, leaving)
+        return sum(ends) / max(1.0, runs)
 
     def tokens_at(
         self,

@@ -201,3 +201,13 @@ def test_a_batch_that_ends_in_the_window_with_nothing_waiting_is_priced_until_it
     held_ahead.tokens_left, held_ahead.max_tokens_left = 3, 40
     ctrl.step_chooser.current = None
     assert ctrl.plan([held_ahead]).step_window.depth == 0  # type: ignore[union-attr]
+
+
+def test_a_finishing_batch_that_runs_past_the_window_is_priced_as_any() -> None:
+    chooser = DepthController(K, ControllerSettings(step_depth=True, step_drain_finish=True)).step_chooser
+    gains = [[0.0, 0.7, 1.3, 1.6]]
+    for left in (3, 40):
+        credited = chooser.tokens_at(1, gains, [K], 0.0, [left])
+        priced = chooser.per_step(1, gains, [K], 0.0, [left], (), finishing=True)
+        assert (priced == credited) == (left == 40)  # 40 / 1.7 > 8 steps: past the window
+    assert chooser.per_step(1, gains, [K], 0.0, [3], (), finishing=True) == pytest.approx(1.7)
