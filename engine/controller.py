@@ -392,9 +392,17 @@ class DepthController:
         held = [d for _, d in fixed]
         fixed_drafts = sum(held)
         after_gap, chooser.resumed = chooser.resumed, False
-        # Every request ends at its tokens left (no hold ahead) and none waits to take a freed slot.
-        finishing = not waiting and not fixed and all(r.tokens_left == r.max_tokens_left for r, _ in adaptive)
         window = chooser.next_step()
+
+        def finishing() -> bool:
+            """Every request ends at its tokens left (no hold ahead), none waiting to take a freed slot."""
+            return (
+                self.settings.step_drain_finish
+                and not waiting
+                and not fixed
+                and all(r.tokens_left == r.max_tokens_left for r, _ in adaptive)
+            )
+
         if window is None:  # a new window: only its choice needs the requests' estimates
             gains, caps, fixed_tokens, lefts, leaving = self._step_inputs(adaptive, fixed, ahead=False)
             window = chooser.choose(
@@ -402,7 +410,7 @@ class DepthController:
                 lefts=lefts,
                 leaving=leaving,
                 fixed_drafts=fixed_drafts,
-                finishing=finishing,
+                finishing=finishing(),
             )
         window.planned += 1
         window.fixed += batch_size - len(adaptive)
@@ -423,7 +431,7 @@ class DepthController:
                 lefts=lefts,
                 leaving=leaving,
                 fixed_drafts=fixed_drafts,
-                finishing=finishing,
+                finishing=finishing(),
             )
             next_drafts = max(min(cap, upcoming.depth) for _, cap in adaptive)
         # vLLM drafts at least 1 (engine/hook.py), and as deep as the deepest request's next step.

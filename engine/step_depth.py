@@ -206,24 +206,26 @@ class StepDepthChooser:
         shares = self.shares(batch, caps, fixed_drafts, leaving)
         estimates = table.estimates(shares)
         untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
+
+        def rates_at(times: Sequence[float | None]) -> list[float]:
+            """Expected tokens per second per depth up to ``top`` (0 where a depth has no time)."""
+            return [
+                0.0
+                if t is None
+                else self.rate(d, times, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
+                for d, t in enumerate(times[: top + 1])
+            ]
+
         rates: list[float] = []
         draining = self.drain_horizon and self.drains(gains, caps, lefts)
         if untimed and (self.borrow or draining):
             priced = self.borrowed(bucket, estimates, top, shares)
             if priced is not None:
                 estimates = priced
-                rates = [
-                    self.rate(d, estimates, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
-                    for d in range(top + 1)
-                ]
+                rates = rates_at(estimates)
                 untimed = [] if draining else [d for d in untimed if rates[d] >= (1 - self.close_gap) * max(rates)]
             elif draining and len(untimed) <= top:  # no bucket to borrow from: the best of those linked here
-                rates = [
-                    0.0
-                    if t is None
-                    else self.rate(d, estimates, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
-                    for d, t in enumerate(estimates[: top + 1])
-                ]
+                rates = rates_at(estimates)
                 untimed = []
         if draining:
             self.repeat = None
@@ -236,10 +238,7 @@ class StepDepthChooser:
             # steps of 96-149 ms against ~12), and the second is the pair's first half for the next.
             depth = self.repeat = self.rng.choice(untimed)
         else:
-            rates = rates or [
-                self.rate(d, estimates, self.per_step(d, gains, caps, fixed_tokens, lefts, leaving, finishing))
-                for d in range(top + 1)
-            ]
+            rates = rates or rates_at(estimates)
             stale = None if draining else self.stale(table, rates, explore_share)
             if stale is not None:
                 depth = self.repeat = stale

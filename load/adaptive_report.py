@@ -228,9 +228,11 @@ def mix_table(folder: Path, against: str = "fixed-1") -> list[str]:
     host's drift, and any per-step CPU a policy adds); ``timed`` = mix x speed is the ratio of the
     timed steps' total times. Untimed steps (prefills, steps the worker did not go straight into) are
     left out of all of them."""
-    pooled_file, by_policy_file = folder / "cost_curve.csv", folder / "cost_by_policy.csv"
     by_batch = (folder / "cost_by_batch.csv").exists()
-    by_policy_file = folder / "cost_by_batch.csv" if by_batch else by_policy_file
+    pooled_file, by_policy_file = (
+        folder / "cost_curve.csv",
+        folder / ("cost_by_batch.csv" if by_batch else "cost_by_policy.csv"),
+    )
     if not pooled_file.exists() or not by_policy_file.exists():
         return []
     with pooled_file.open() as f:
