@@ -270,6 +270,50 @@ def mix_table(folder: Path, against: str = "fixed-1") -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def drain_table(folder: Path) -> list[str]:
+    """Markdown: per policy, a cell's timed steps with every slot busy and in its drain (fewer
+    requests than slots), the drain's steps beyond fixed-1's, and the tokens each request verifies
+    a step in both (1 + its drafts; held requests verify one): whether a policy's drain is longer,
+    or runs shallower. Needs ``cost_by_batch.csv`` (requests per step) and ``cells.csv`` (the
+    repetitions). Without speculation every request advances a token a step and a cell of
+    equal-length requests drains in a few steps: a longer drain is the spread of the requests'
+    progress, which acceptance's luck and each policy's depths set."""
+    batch_file, cells_file = folder / "cost_by_batch.csv", folder / "cells.csv"
+    if not batch_file.exists() or not cells_file.exists():
+        return []
+    with cells_file.open() as f:
+        reps: dict[tuple[int, str], set[str]] = defaultdict(set)
+        for r in csv.DictReader(f):
+            reps[(int(r["concurrency"]), r["policy"])].add(r["rep"])
+    # (conc, policy) -> [full steps, full request-steps, full tokens, drain steps, drain request-steps, drain tokens]
+    totals: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0] * 6)
+    with batch_file.open() as f:
+        for r in csv.DictReader(f):
+            conc, requests, steps = int(r["concurrency"]), int(r["requests"]), int(r["steps"])
+            total, at = totals[(conc, r["policy"])], 3 if requests < conc else 0
+            total[at] += steps
+            total[at + 1] += steps * requests
+            total[at + 2] += steps * int(r["tokens_per_step"])
+
+    def cells_of(conc: int, name: str) -> int:
+        return max(1, len(reps.get((conc, name), ())))
+
+    lines = [
+        "| conc | policy | full steps a cell | drain steps a cell | drain steps beyond fixed-1's "
+        "| tokens verified per request a step: full | drain |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for conc, name in sorted(totals):
+        full, full_reqs, full_tokens, drain, drain_reqs, drain_tokens = totals[(conc, name)]
+        n = cells_of(conc, name)
+        base = totals.get((conc, "fixed-1"))
+        beyond = "-" if base is None else f"{drain / n - base[3] / cells_of(conc, 'fixed-1'):+.1f}"
+        per_full = f"{full_tokens / full_reqs:.2f}" if full_reqs else "-"
+        per_drain = f"{drain_tokens / drain_reqs:.2f}" if drain_reqs else "-"
+        lines.append(f"| {conc} | {name} | {full / n:.1f} | {drain / n:.1f} | {beyond} | {per_full} | {per_drain} |")
+    return lines if len(lines) > 2 else []
+
+
 def main(argv: list[str]) -> None:
     folders = [Path(p) for p in argv]
     cells = read_cells(folders)
@@ -283,6 +327,10 @@ def main(argv: list[str]) -> None:
         if mix:
             print(f"\nEach policy's timed steps against fixed-1's, its choices priced at equal speed ({folder}):\n")
             print("\n".join(mix))
+        drain = drain_table(folder)
+        if drain:
+            print(f"\nSteps with every slot busy and in the drain, per cell ({folder}):\n")
+            print("\n".join(drain))
         state_file = folder / "controller.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
         if state.get("step_depth_windows"):

@@ -93,8 +93,9 @@ for s in $STEPS; do
       --requests-per-slot 3 --policies 0:0,1:1,adaptive,adaptive@1:1,1:1=aa \
       --controller "$CONTROLLER" --out "$RES/$s" ;;
   bench-arms)  # two choosers' rules interleaved on one engine (bench_policies --arm): adaptive as shipped
-    # (ARM_POLICIES overrides the policy list)
     # against adaptive with no re-runs of passed-over depths (explore_share 0), with fixed-1 and its A/A
+    # (ARM_POLICIES overrides the policy list; twenty-fourth session: ARM_NAME=finish
+    # ARM='{"step_drain_finish": true}' ARM_POLICIES=0:0,1:1,adaptive,adaptive=finish,1:1=aa)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-16,64} --reps ${REPS:-6} --prompts 8 \
       --requests-per-slot 3 --policies ${ARM_POLICIES:-0:0,1:1,adaptive,adaptive=${ARM_NAME:-noexp},adaptive@1:1,1:1=aa} \

@@ -203,3 +203,28 @@ def test_the_mix_table_prices_every_policys_steps_at_the_pooled_times(tmp_path: 
     drain = {line.split(" | ")[1]: float(line.split(" | ")[5]) for line in by_requests}
     assert drain["adaptive"] > {line.split(" | ")[1]: float(line.split(" | ")[5]) for line in by_tokens}["adaptive"]
     assert mix_table(tmp_path / "missing") == []
+
+
+def test_the_drain_table_counts_a_cells_steps_with_slots_free(tmp_path: Path) -> None:
+    """Per cell: steps with every slot busy, steps with fewer requests than slots, the drain beyond
+    fixed-1's, and the tokens verified per request a step in each."""
+    from load.adaptive_report import drain_table
+    from load.policy_report import write_csv
+
+    steps = [
+        *[(4, 4, 8, 4, 0.010, "fixed-1")] * 20,  # two cells: 10 full steps each, depth 1
+        *[(4, 2, 4, 2, 0.008, "fixed-1")] * 4,  # and 2 drain steps each
+        *[(4, 4, 4, 0, 0.009, "adaptive")] * 16,  # two cells: 8 full steps each at depth 0
+        *[(4, 4, 16, 12, 0.014, "adaptive")] * 4,  # and 2 at depth 3
+        *[(4, 1, 1, 0, 0.007, "adaptive")] * 10,  # 5 drain steps each, one request at depth 0
+    ]
+    write_csv(tmp_path / "cost_by_batch.csv", cost_curve(steps, by_policy=True, by_requests=True))
+    write_csv(
+        tmp_path / "cells.csv",
+        [{"concurrency": 4, "policy": p, "rep": rep} for p in ("fixed-1", "adaptive") for rep in (0, 1)],
+    )
+    rows = {line.split(" | ")[1]: line.strip("| ").split(" | ")[2:] for line in drain_table(tmp_path)[2:]}
+    assert rows["fixed-1"] == ["10.0", "2.0", "+0.0", "2.00", "2.00"]
+    assert rows["adaptive"] == ["10.0", "5.0", "+3.0", f"{(16 * 4 + 4 * 16) / (20 * 4):.2f}", "1.00"]
+    (tmp_path / "cells.csv").unlink()
+    assert drain_table(tmp_path) == []
