@@ -98,6 +98,9 @@ class ControllerSettings:
     """With ``step_depth``: a batch whose adaptive requests all run out of tokens within two windows
     tries no depth first and re-runs none (``StepDepthChooser.drain_horizon``); off (the default
     until measured on a GPU): it explores as any batch does."""
+    step_min_depth: int = 0
+    """With ``step_depth``: the shallowest depth a window runs (``StepDepthChooser.min_depth``); 0,
+    the default: every depth from 0. A diagnostic for benchmarks' arms, not a tuning knob."""
     step_cut_windows: bool = True
     """With ``step_depth``: a step without adaptive requests (all held at their thinking budget)
     ends the window planned, and the next is chosen for the batch after it
@@ -237,6 +240,7 @@ class DepthController:
             by_share=self.settings.step_verify_share,
             drain_horizon=self.settings.step_drain_horizon,
             drain_finish=self.settings.step_drain_finish,
+            min_depth=self.settings.step_min_depth,
         )
         self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
         """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
@@ -248,6 +252,7 @@ class DepthController:
         self.step_chooser.borrow = settings.step_borrow_times
         self.step_chooser.drain_horizon = settings.step_drain_horizon
         self.step_chooser.drain_finish = settings.step_drain_finish
+        self.step_chooser.min_depth = settings.step_min_depth
         self.step_chooser.by_share = settings.step_verify_share
         for table in self.step_chooser.times.values():
             table.by_share = settings.step_verify_share

@@ -144,6 +144,10 @@ class StepDepthChooser:
     (``ControllerSettings.step_drain_finish``; twenty-third GPU session: a third to half of
     adaptive's drain steps, CPU engine, ran depth 0, which the credit made look as good as depth 1
     for a request with a few tokens left)."""
+    min_depth: int = 0
+    """The shallowest depth a window runs (``ControllerSettings.step_min_depth``): 1 leaves depth 0
+    out (a diagnostic arm: do depth-0 windows, chosen when most of a batch is held, slow the
+    requests still reasoning into a cell's stragglers?)."""
     by_share: bool = True
     """A depth's step time at the drafts per request the batch would verify at it (held requests
     verify none), from the measured slope (``BucketTimes.slope``); False
@@ -205,7 +209,8 @@ class StepDepthChooser:
         top = min(self.max_depth, max([*caps, *(r.cap for r in leaving)], default=self.max_depth))
         shares = self.shares(batch, caps, fixed_drafts, leaving)
         estimates = table.estimates(shares)
-        untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None]
+        lowest = min(self.min_depth, top)
+        untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None and d >= lowest]
 
         def rates_at(times: Sequence[float | None]) -> list[float]:
             """Expected tokens per second per depth up to ``top`` (0 where a depth has no time)."""
@@ -224,12 +229,12 @@ class StepDepthChooser:
                 estimates = priced
                 rates = rates_at(estimates)
                 untimed = [] if draining else [d for d in untimed if rates[d] >= (1 - self.close_gap) * max(rates)]
-            elif draining and len(untimed) <= top:  # no bucket to borrow from: the best of those linked here
+            elif draining and len(untimed) <= top - lowest:  # no bucket to borrow from: the best of those linked here
                 rates = rates_at(estimates)
                 untimed = []
         if draining:
             self.repeat = None
-        if self.repeat is not None and self.repeat > top:
+        if self.repeat is not None and not lowest <= self.repeat <= top:
             self.repeat = None
         if self.repeat is not None:
             depth, self.repeat = self.repeat, None
@@ -239,11 +244,11 @@ class StepDepthChooser:
             depth = self.repeat = self.rng.choice(untimed)
         else:
             rates = rates or rates_at(estimates)
-            stale = None if draining else self.stale(table, rates, explore_share)
+            stale = None if draining else self.stale(table, rates, explore_share, lowest)
             if stale is not None:
                 depth = self.repeat = stale
             else:
-                depth = max(range(top + 1), key=rates.__getitem__)
+                depth = max(range(lowest, top + 1), key=rates.__getitem__)
         table.last_window[depth] = table.windows
         self.current = StepWindow(depth, self.window_steps - (not ahead), bucket, switched=depth != previous)
         self.current.predicted = self.per_step(depth, gains, caps, fixed_tokens, lefts, leaving, finishing)
@@ -317,7 +322,7 @@ class StepDepthChooser:
             return window
         return None
 
-    def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
+    def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float, lowest: int = 0) -> int | None:
         """The passed-over depth to run again now, if any (the longest unrun of those due): one that
         has not run for its wait (``rerun_fraction`` of this bucket's windows, between
         ``min_rerun_wait`` and K / ``explore_share``) times its patience, its gap below the best rate
@@ -328,6 +333,8 @@ class StepDepthChooser:
         wait = min(self.max_depth / explore_share, max(self.min_rerun_wait, self.rerun_fraction * table.windows))
         due = []
         for d, rate in enumerate(rates):
+            if d < lowest:
+                continue
             gap = 1 - rate / best if best > 0 else 0.0
             patience = min(max(1.0, gap / self.close_gap), self.max_patience)
             if table.windows - table.last_window[d] > wait * patience:

@@ -211,3 +211,27 @@ def test_a_finishing_batch_that_runs_past_the_window_is_priced_as_any() -> None:
         priced = chooser.per_step(1, gains, [K], 0.0, [left], (), finishing=True)
         assert (priced == credited) == (left == 40)  # 40 / 1.7 > 8 steps: past the window
     assert chooser.per_step(1, gains, [K], 0.0, [3], (), finishing=True) == pytest.approx(1.7)
+
+
+@pytest.mark.parametrize("lowest", [0, 1])
+def test_a_minimum_depth_leaves_the_shallower_depths_out_of_every_choice(lowest: int) -> None:
+    """``step_min_depth`` 1 (an arm of the benchmark): where depth 0 is the best rate (62 of 64
+    held) the window runs depth 1, a first try never draws depth 0, and a re-run of a passed-over
+    depth never picks it."""
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, step_min_depth=lowest, seed=3))
+    for depth, ms in enumerate([13.0, 15.0, 20.0, 21.0]):
+        ctrl.step_chooser.observe(bucket_of(64), depth, ms / 1e3)
+    answers_accepted(ctrl, 0.7)
+    window = ctrl.plan(batch_of(62)).step_window
+    assert window is not None and window.depth == lowest
+    # A bucket with no times: every first try is at a depth from ``lowest``.
+    chooser = DepthController(K, ControllerSettings(step_depth=True, step_min_depth=lowest, seed=5)).step_chooser
+    tried = set()
+    for _ in range(40):
+        chooser.current = None
+        tried.add(chooser.choose(4, [[0.0, 0.5, 0.8, 1.0]] * 4, [K] * 4, 0.2).depth)
+    assert min(tried) == lowest
+    # Every depth timed, depth 0 long unrun and far below the best: due for a re-run only without the minimum.
+    table = chooser.bucket(bucket_of(4))
+    table.windows, table.last_window = 100, [0, 100, 100, 100]
+    assert chooser.stale(table, [1.0, 2.0, 2.0, 2.0], 0.2, lowest) == (0 if lowest == 0 else None)
