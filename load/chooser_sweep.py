@@ -69,7 +69,7 @@ class Thin(StepDepthChooser):
     rerun_fraction: float = 0.75
     thin_pairs: int = 4
 
-    def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float) -> int | None:
+    def stale(self, table: BucketTimes, rates: Sequence[float], explore_share: float, lowest: int = 0) -> int | None:
         pairs = [0] * len(rates)
         for (a, b), (_, n) in table.links().items():
             pairs[a] += n
@@ -77,7 +77,7 @@ class Thin(StepDepthChooser):
         best = max(rates)
         # A thin depth is priced at the best rate, so its patience is 1.
         seen = [best if n < self.thin_pairs else rate for n, rate in zip(pairs, rates, strict=True)]
-        return StepDepthChooser.stale(self, table, seen, explore_share)  # slots dataclass: no bare super()
+        return StepDepthChooser.stale(self, table, seen, explore_share, lowest)  # slots dataclass: no bare super()
 
 
 @dataclass(slots=True)
