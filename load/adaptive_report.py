@@ -274,7 +274,8 @@ def drain_table(folder: Path) -> list[str]:
     """Markdown: per policy, a cell's timed steps with every slot busy and in its drain (fewer
     requests than slots), the drain's steps beyond fixed-1's, and the tokens each request verifies
     a step in both (1 + its drafts; held requests verify one): whether a policy's drain is longer,
-    or runs shallower. Needs ``cost_by_batch.csv`` (requests per step) and ``cells.csv`` (the
+    or runs shallower, and its tail (a quarter of the slots busy or less: a cell's last requests) in
+    steps and time. Needs ``cost_by_batch.csv`` (requests per step) and ``cells.csv`` (the
     repetitions). Without speculation every request advances a token a step and a cell of
     equal-length requests drains in a few steps: a longer drain is the spread of the requests'
     progress, which acceptance's luck and each policy's depths set."""
@@ -285,8 +286,8 @@ def drain_table(folder: Path) -> list[str]:
         reps: dict[tuple[int, str], set[str]] = defaultdict(set)
         for r in csv.DictReader(f):
             reps[(int(r["concurrency"]), r["policy"])].add(r["rep"])
-    # (conc, policy) -> [full steps, full request-steps, full tokens, drain steps, drain request-steps, drain tokens]
-    totals: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0] * 6)
+    # (conc, policy) -> [full steps, request-steps, tokens, drain steps, request-steps, tokens, tail steps, tail ms]
+    totals: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0] * 8)
     with batch_file.open() as f:
         for r in csv.DictReader(f):
             conc, requests, steps = int(r["concurrency"]), int(r["requests"]), int(r["steps"])
@@ -294,23 +295,30 @@ def drain_table(folder: Path) -> list[str]:
             total[at] += steps
             total[at + 1] += steps * requests
             total[at + 2] += steps * int(r["tokens_per_step"])
+            if requests <= conc // 4:
+                total[6] += steps
+                total[7] += steps * float(r["mean_ms"])
 
     def cells_of(conc: int, name: str) -> int:
         return max(1, len(reps.get((conc, name), ())))
 
     lines = [
         "| conc | policy | full steps a cell | drain steps a cell | drain steps beyond fixed-1's "
+        "| tail (a quarter of the slots busy or less): steps a cell | tail ms a cell "
         "| tokens verified per request a step: full | drain |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for conc, name in sorted(totals):
-        full, full_reqs, full_tokens, drain, drain_reqs, drain_tokens = totals[(conc, name)]
+        full, full_reqs, full_tokens, drain, drain_reqs, drain_tokens, tail, tail_ms = totals[(conc, name)]
         n = cells_of(conc, name)
         base = totals.get((conc, "fixed-1"))
         beyond = "-" if base is None else f"{drain / n - base[3] / cells_of(conc, 'fixed-1'):+.1f}"
         per_full = f"{full_tokens / full_reqs:.2f}" if full_reqs else "-"
         per_drain = f"{drain_tokens / drain_reqs:.2f}" if drain_reqs else "-"
-        lines.append(f"| {conc} | {name} | {full / n:.1f} | {drain / n:.1f} | {beyond} | {per_full} | {per_drain} |")
+        lines.append(
+            f"| {conc} | {name} | {full / n:.1f} | {drain / n:.1f} | {beyond} | {tail / n:.1f} | {tail_ms / n:.0f} "
+            f"| {per_full} | {per_drain} |"
+        )
     return lines if len(lines) > 2 else []
 
 

@@ -224,7 +224,7 @@ def test_the_drain_table_counts_a_cells_steps_with_slots_free(tmp_path: Path) ->
         [{"concurrency": 4, "policy": p, "rep": rep} for p in ("fixed-1", "adaptive") for rep in (0, 1)],
     )
     rows = {line.split(" | ")[1]: line.strip("| ").split(" | ")[2:] for line in drain_table(tmp_path)[2:]}
-    assert rows["fixed-1"] == ["10.0", "2.0", "+0.0", "2.00", "2.00"]
-    assert rows["adaptive"] == ["10.0", "5.0", "+3.0", f"{(16 * 4 + 4 * 16) / (20 * 4):.2f}", "1.00"]
+    assert rows["fixed-1"] == ["10.0", "2.0", "+0.0", "0.0", "0", "2.00", "2.00"]  # two of four busy: no tail
+    assert rows["adaptive"] == ["10.0", "5.0", "+3.0", "5.0", "35", f"{(16 * 4 + 4 * 16) / (20 * 4):.2f}", "1.00"]
     (tmp_path / "cells.csv").unlink()
     assert drain_table(tmp_path) == []
