@@ -92,8 +92,9 @@ class ControllerSettings:
     step_drain_finish: bool = False
     """With ``step_depth``: a batch of adaptive requests that all end within the window, with no
     request waiting for a slot, is priced by the steps until its last one ends
-    (``StepDepthChooser.drain_finish``); off (the default until measured on a GPU): a finished
-    request's slot counts a token a step, as if the next request took it."""
+    (``StepDepthChooser.drain_finish``); off (the default; twenty-fourth GPU session, an H100 and an
+    H200: no shorter drain): a finished request's slot counts a token a step, as if the next
+    request took it."""
     step_drain_horizon: bool = False
     """With ``step_depth``: a batch whose adaptive requests all run out of tokens within two windows
     tries no depth first and re-runs none (``StepDepthChooser.drain_horizon``); off (the default
