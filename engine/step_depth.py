@@ -209,7 +209,7 @@ class StepDepthChooser:
         top = min(self.max_depth, max([*caps, *(r.cap for r in leaving)], default=self.max_depth))
         shares = self.shares(batch, caps, fixed_drafts, leaving)
         estimates = table.estimates(shares)
-        lowest = min(self.min_depth, top)
+        lowest = max(0, min(self.min_depth, top))
         untimed = [d for d, t in enumerate(estimates[: top + 1]) if t is None and d >= lowest]
 
         def rates_at(times: Sequence[float | None]) -> list[float]:
