@@ -282,10 +282,9 @@ def drain_table(folder: Path) -> list[str]:
     batch_file, cells_file = folder / "cost_by_batch.csv", folder / "cells.csv"
     if not batch_file.exists() or not cells_file.exists():
         return []
-    with cells_file.open() as f:
-        reps: dict[tuple[int, str], set[str]] = defaultdict(set)
-        for r in csv.DictReader(f):
-            reps[(int(r["concurrency"]), r["policy"])].add(r["rep"])
+    reps: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for r in read_cells([folder]):
+        reps[(int(r["concurrency"]), r["policy"])].add(r["rep"])
     # (conc, policy) -> [full steps, request-steps, tokens, drain steps, request-steps, tokens, tail steps, tail ms]
     totals: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0] * 8)
     with batch_file.open() as f:
