@@ -102,6 +102,13 @@ class ControllerSettings:
     step_min_depth: int = 0
     """With ``step_depth``: the shallowest depth a window runs (``StepDepthChooser.min_depth``); 0,
     the default: every depth from 0. A diagnostic for benchmarks' arms, not a tuning knob."""
+    step_one_pass: bool = False
+    """With ``step_depth``: depth 0 is timed as depth 1 is, less the drafts it does not verify (the
+    share's slope): vLLM drafts at least one a step, so both run the drafter's one pass
+    (``BucketTimes.one_pass``). Off: depth 0 has its own time, from its own windows, which are
+    mostly run when most of the batch is held (twenty-fourth GPU session, H100: the fitted slope
+    was 0, so depth 1 was priced 10% dearer than depth 0 at any share, even with 90% of the batch
+    verifying nothing at either)."""
     step_cut_windows: bool = True
     """With ``step_depth``: a step without adaptive requests (all held at their thinking budget)
     ends the window planned, and the next is chosen for the batch after it
@@ -242,6 +249,7 @@ class DepthController:
             drain_horizon=self.settings.step_drain_horizon,
             drain_finish=self.settings.step_drain_finish,
             min_depth=self.settings.step_min_depth,
+            one_pass=self.settings.step_one_pass,
         )
         self.hold_lengths: deque[int] = deque(maxlen=HOLD_MEMORY)
         """Output tokens from the start of a thinking-budget hold to its end, the last holds measured."""
@@ -255,8 +263,10 @@ class DepthController:
         self.step_chooser.drain_finish = settings.step_drain_finish
         self.step_chooser.min_depth = settings.step_min_depth
         self.step_chooser.by_share = settings.step_verify_share
+        self.step_chooser.one_pass = settings.step_one_pass
         for table in self.step_chooser.times.values():
             table.by_share = settings.step_verify_share
+            table.one_pass = settings.step_one_pass
 
     # --- estimates ---
 

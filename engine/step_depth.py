@@ -152,6 +152,9 @@ class StepDepthChooser:
     """A depth's step time at the drafts per request the batch would verify at it (held requests
     verify none), from the measured slope (``BucketTimes.slope``); False
     (``ControllerSettings.step_verify_share``): one time per depth and bucket."""
+    one_pass: bool = False
+    """Depth 0 priced as depth 1's drafter pass at its own share (``BucketTimes.one_pass``;
+    ``ControllerSettings.step_one_pass``)."""
     stall_factor: float = 4.0
     """A step over this many times the mean of its window's other steps is a stall (a first use of a
     shape, a pause), not the depth's cost: left out of the window's mean."""
@@ -442,7 +445,7 @@ class StepDepthChooser:
     def bucket(self, bucket: int) -> BucketTimes:
         table = self.times.get(bucket)
         if table is None:
-            table = self.times[bucket] = BucketTimes.empty(self.max_depth, self.memory, self.by_share)
+            table = self.times[bucket] = BucketTimes.empty(self.max_depth, self.memory, self.by_share, self.one_pass)
         return table
 
     def observe(self, bucket: int, depth: int, seconds: float, share: float | None = None) -> None:

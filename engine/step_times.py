@@ -92,10 +92,27 @@ class BucketTimes:
     """The slope is fitted only once the shares' squared spread about their kinds' means sums to
     this (before: 0): with one share per depth (no request held, none capped) it cannot be told
     from the depths' own times."""
+    one_pass: bool = False
+    """Depth 0 is timed as depth 1 at its share (``passes``): vLLM drafts at least one draft a step
+    (engine/hook.py ``DraftPasses``), so a depth-0 step runs the drafter's one pass as a depth-1 step
+    does, and the two differ only in the drafts the target verifies. False: each depth its own time."""
 
     @classmethod
-    def empty(cls, max_depth: int, memory: int, by_share: bool = True) -> BucketTimes:
-        return cls({}, deque(maxlen=memory), [0] * (max_depth + 1), memory, by_share=by_share)
+    def empty(cls, max_depth: int, memory: int, by_share: bool = True, one_pass: bool = False) -> BucketTimes:
+        return cls({}, deque(maxlen=memory), [0] * (max_depth + 1), memory, by_share=by_share, one_pass=one_pass)
+
+    def passes(self, depth: int) -> int:
+        """The time class a depth is fitted in: its drafter passes with ``one_pass`` (0 and 1 alike,
+        with the share's slope between them), else the depth itself. Pairs are kept by depth and
+        read by class, so the setting can change while the times are kept."""
+        return max(1, depth) if self.one_pass and self.by_share else depth
+
+    def classed(self) -> dict[tuple[int, int], list[tuple[float, float]]]:
+        """The pairs by (class, class) (``passes``)."""
+        out: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for (a, b), samples in self.pairs.items():
+            out.setdefault((self.passes(a), self.passes(b)), []).extend(samples)
+        return out
 
     def add(self, depth: int, seconds: float, adjacent: bool, share: float | None = None) -> None:
         """A window's mean step time and share (None: its depth); ``adjacent``: it ran right after
@@ -115,7 +132,7 @@ class BucketTimes:
         if not self.by_share:
             return 0.0
         sxy = sxx = 0.0
-        for samples in self.pairs.values():
+        for samples in self.classed().values():
             if len(samples) < 2:
                 continue
             mean_r = statistics.fmean(r for r, _ in samples)
@@ -129,14 +146,15 @@ class BucketTimes:
         ways, with ``slope`` (None: the fitted one)."""
         out: dict[tuple[int, int], tuple[float, int]] = {}
         slope = self.slope() if slope is None else slope
+        pairs = self.classed()
 
         def median(key: tuple[int, int]) -> float | None:
-            samples = self.pairs.get(key)
+            samples = pairs.get(key)
             return statistics.median(r - slope * s for r, s in samples) if samples else None
 
-        for a, b in {(min(k), max(k)) for k in self.pairs if k[0] != k[1]}:
+        for a, b in {(min(k), max(k)) for k in pairs if k[0] != k[1]}:
             there, back = median((a, b)), median((b, a))
-            n = len(self.pairs.get((a, b), ())) + len(self.pairs.get((b, a), ()))
+            n = len(pairs.get((a, b), ())) + len(pairs.get((b, a), ()))
             if there is not None and back is not None:
                 out[(a, b)] = ((there - back) / 2, n)
             elif there is not None:
@@ -146,15 +164,16 @@ class BucketTimes:
         return out
 
     def relative(self, slope: float) -> dict[int, float]:
-        """Log step time of each depth the pairs link to the last window's depth, over that depth's,
-        at equal shares: a least-squares fit to the links, by Gauss-Seidel sweeps from a spanning tree."""
+        """Log step time of each class (``passes``) the pairs link to the last window's, over that
+        class's, at equal shares: a least-squares fit to the links, by Gauss-Seidel sweeps from a
+        spanning tree."""
         if not self.recent:
             return {}
         neighbours: dict[int, list[tuple[int, float, int]]] = {}
         for (a, b), (ratio, n) in self.links(slope).items():
             neighbours.setdefault(a, []).append((b, ratio, n))
             neighbours.setdefault(b, []).append((a, -ratio, n))
-        anchor = self.recent[-1][0]
+        anchor = self.passes(self.recent[-1][0])
         theta = {anchor: 0.0}
         order = [anchor]
         for d in order:  # breadth first: the spanning tree's first guess
@@ -175,19 +194,24 @@ class BucketTimes:
         the last windows (the median of their times over their depths' at their shares)."""
         slope = self.slope()
         theta = self.relative(slope)
-        levels = [log_s - theta[d] - slope * share for d, log_s, share in self.recent if d in theta]
+        levels = [
+            log_s - theta[self.passes(d)] - slope * share for d, log_s, share in self.recent if self.passes(d) in theta
+        ]
         level = statistics.median(levels) if levels else 0.0
         depths = range(len(self.last_window))
         at = depths if shares is None else shares
-        return [math.exp(level + theta[d] + slope * at[d]) if d in theta else None for d in depths]
+        return [
+            math.exp(level + theta[self.passes(d)] + slope * at[d]) if self.passes(d) in theta else None for d in depths
+        ]
 
     def switch_share(self) -> float | None:
         """What a switch adds to a window's time, as a share (median over depth pairs run both
         ways; None until one is)."""
         slope = self.slope()
+        pairs = self.classed()
         both = [
             (statistics.median(r - slope * s for r, s in there) + statistics.median(r - slope * s for r, s in back)) / 2
-            for (a, b), there in self.pairs.items()
-            if a < b and (back := self.pairs.get((b, a)))
+            for (a, b), there in pairs.items()
+            if a < b and (back := pairs.get((b, a)))
         ]
         return math.exp(statistics.median(both)) - 1 if both else None

@@ -95,11 +95,13 @@ for s in $STEPS; do
   bench-arms)  # two choosers' rules interleaved on one engine (bench_policies --arm): adaptive as shipped
     # against adaptive with no re-runs of passed-over depths (explore_share 0), with fixed-1 and its A/A
     # (ARM_POLICIES overrides the policy list; twenty-fourth session: ARM_NAME=finish
-    # ARM='{"step_drain_finish": true}' ARM_POLICIES=0:0,1:1,adaptive,adaptive=finish,1:1=aa)
+    # ARM='{"step_drain_finish": true}' ARM_POLICIES=0:0,1:1,adaptive,adaptive=finish,1:1=aa; ARM2=NAME=JSON
+    # a second arm, named in ARM_POLICIES too)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency ${CONC:-16,64} --reps ${REPS:-6} --prompts 8 \
       --requests-per-slot 3 --policies ${ARM_POLICIES:-0:0,1:1,adaptive,adaptive=${ARM_NAME:-noexp},adaptive@1:1,1:1=aa} \
-      --arm "${ARM_NAME:-noexp}=${ARM:-{\"explore_share\": 0\}}" --controller "$CONTROLLER" --out "$RES/$s" ;;
+      --arm "${ARM_NAME:-noexp}=${ARM:-{\"explore_share\": 0\}}" ${ARM2:+--arm "$ARM2"} \
+      --controller "$CONTROLLER" --out "$RES/$s" ;;
   bench-decompose)  # wall time per engine step and tokens per step, by policy (cells.csv)
     PHASESPEC_ENGINE__DRAFTER=self-draft PHASESPEC_VLLM_ARGS="[$GPU, \"--async-scheduling\"]" \
       step "$s" python3 -m load.bench_policies --concurrency 16,64 --reps 3 --prompts 8 \

@@ -601,3 +601,24 @@ def test_a_window_records_the_tokens_its_choice_expected_and_what_its_steps_yiel
     (row,) = chooser.windows_snapshot()
     assert row[7] == pytest.approx(1 + (1 + STRONG[3]) + (1 + STRONG[1]), abs=0.01)
     assert row[8] == 4.0
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_depth_0_is_timed_as_depth_1_s_drafter_pass_less_the_drafts_it_does_not_verify(one_pass: bool) -> None:
+    # Windows as an H100 timed them at c=16 (twenty-fourth GPU session): depth 0 at 12.5 ms a step
+    # beside depth 1 at 13.8, every request verifying the window's depth. vLLM drafts at least one
+    # a step, so the 10% between them is the drafts verified: with 14 of 16 requests held (verifying
+    # none at either depth), depth 1 costs about 1% more than depth 0, not 10%.
+    chooser = StepDepthChooser(K, random.Random(0), one_pass=one_pass)
+    for depth, ms in [(0, 12.5), (1, 13.8), (0, 12.5), (1, 13.8), (2, 18.7), (1, 13.8), (3, 20.8), (1, 13.8)]:
+        chooser.observe(4, depth, ms / 1e3, share=float(depth))
+    held, gains = 14, [0.0, 0.55, 0.75, 0.85]  # two requests reasoning, at reasoning's acceptance
+    window = chooser.choose(16, [gains] * 2, [K] * 2, explore_share=0.0, fixed_tokens=float(held), fixed_drafts=0.0)
+    t0, t1 = chooser.times[4].estimates([0.0, 2 / 16, 4 / 16, 6 / 16])[:2]
+    assert t0 is not None and t1 is not None
+    if one_pass:
+        assert t1 / t0 == pytest.approx(1.104 ** (2 / 16), rel=1e-3)
+        assert window.depth == 1, "14 + 2 x 1.55 tokens for 1% more time"
+    else:
+        assert t1 / t0 == pytest.approx(1.104, rel=1e-3), "one time per depth: the slope cannot be fitted"
+        assert window.depth == 0
