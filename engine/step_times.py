@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -107,8 +107,10 @@ class BucketTimes:
         read by class, so the setting can change while the times are kept."""
         return max(1, depth) if self.one_pass and self.by_share else depth
 
-    def classed(self) -> dict[tuple[int, int], list[tuple[float, float]]]:
-        """The pairs by (class, class) (``passes``)."""
+    def classed(self) -> Mapping[tuple[int, int], Sequence[tuple[float, float]]]:
+        """The pairs by (class, class) (``passes``): the pairs themselves where each depth is its own."""
+        if self.passes(0) == 0:
+            return self.pairs
         out: dict[tuple[int, int], list[tuple[float, float]]] = {}
         for (a, b), samples in self.pairs.items():
             out.setdefault((self.passes(a), self.passes(b)), []).extend(samples)
