@@ -102,13 +102,15 @@ class ControllerSettings:
     step_min_depth: int = 0
     """With ``step_depth``: the shallowest depth a window runs (``StepDepthChooser.min_depth``); 0,
     the default: every depth from 0. A diagnostic for benchmarks' arms, not a tuning knob."""
-    step_one_pass: bool = False
+    step_one_pass: bool = True
     """With ``step_depth``: depth 0 is timed as depth 1 is, less the drafts it does not verify (the
     share's slope): vLLM drafts at least one a step, so both run the drafter's one pass
-    (``BucketTimes.one_pass``). Off: depth 0 has its own time, from its own windows, which are
-    mostly run when most of the batch is held (twenty-fourth GPU session, H100: the fitted slope
-    was 0, so depth 1 was priced 10% dearer than depth 0 at any share, even with 90% of the batch
-    verifying nothing at either)."""
+    (``BucketTimes.one_pass``). On by default since the twenty-sixth GPU session (H100, c=16, 6
+    repetitions, docs/gpu.md): mix 0.989 against 0.954 off, tail 4.8 steps a cell against 12.0
+    (fixed-1 4.2). Off: depth 0 has its own time, from its own windows, which are mostly run when
+    most of the batch is held (twenty-fourth GPU session, H100: the fitted slope was 0, so depth 1
+    was priced 10% dearer than depth 0 at any share, even with 90% of the batch verifying nothing
+    at either)."""
     step_cut_windows: bool = True
     """With ``step_depth``: a step without adaptive requests (all held at their thinking budget)
     ends the window planned, and the next is chosen for the batch after it

@@ -267,7 +267,8 @@ def request(rid: str, phase: str, depth: int, adaptive: bool) -> RequestLedger:
 
 
 def test_the_controller_applies_one_depth_capped_per_request() -> None:
-    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=3))
+    # Depth 0 timed as its own class (``step_one_pass`` off): this cost shape saves the drafter at depth 0.
+    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, step_one_pass=False, seed=3))
     batch = [request("a", "reasoning", K, True), request("b", "answer", 1, True), request("c", "answer", 2, False)]
     clock = 1.0
     seen = set()
@@ -509,7 +510,8 @@ def test_requests_held_at_their_thinking_budget_count_in_every_depth_s_tokens() 
     # time but only one gains from it (the seventh GPU session's c >= 4 cells: half the steps held,
     # the chooser counting only the rest, ran depth 3 at 0.81x fixed-1).
     def depth_for(held: int) -> int:
-        ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, seed=3))
+        # Depth 0 priced at its own time below (``step_one_pass`` off).
+        ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, step_one_pass=False, seed=3))
         batch = [request("a", "answer", K, True)]
         for n in range(held):
             ledger = request(f"h{n}", "reasoning", K, True)
@@ -556,7 +558,10 @@ def test_a_batch_about_to_leave_its_hold_is_chosen_for_at_the_depth_its_answers_
     leave it together; chosen with 56 held as if they stayed held, 32 depth-0 windows ran while
     the batch answered, where depth 1 yielded 16-25% more per ms. Holds measured at 24 tokens, a
     batch 22 tokens into them leaves after 2 of the window's 8 steps."""
-    settings = ControllerSettings(step_depth=True, explore_share=0.0, step_hold_ends=hold_ends, seed=3)
+    # Depth 0 priced at its own time below (``step_one_pass`` off).
+    settings = ControllerSettings(
+        step_depth=True, explore_share=0.0, step_hold_ends=hold_ends, step_one_pass=False, seed=3
+    )
     ctrl = DepthController(K, settings)
     for depth, ms in enumerate([8.5, 9.9, 11.5, 13.0]):  # an H200 at batch 64 (depth 1: 1.16x)
         ctrl.step_chooser.observe(bucket_of(64), depth, ms / 1e3)

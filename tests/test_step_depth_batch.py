@@ -42,7 +42,8 @@ def test_a_step_without_adaptive_requests_ends_the_window_and_the_next_fits_the_
     together. A depth-0 window chosen on the way in ran on, on the way out, while the batch
     answered: depth-0 windows were 15-30% of those at c=64, and yielded 14-23% less per ms than
     depth 1 at the same held shares."""
-    settings = ControllerSettings(step_depth=True, explore_share=0.0, step_cut_windows=cut, seed=3)
+    # Depth 0 priced at its own time below (``step_one_pass`` off).
+    settings = ControllerSettings(step_depth=True, explore_share=0.0, step_cut_windows=cut, step_one_pass=False, seed=3)
     ctrl = DepthController(K, settings)
     for depth, ms in enumerate([13.0, 15.0, 20.0, 21.0]):  # an H100 at batch 64 (depth 1: 1.15x)
         ctrl.step_chooser.observe(bucket_of(64), depth, ms / 1e3)
@@ -218,7 +219,11 @@ def test_a_minimum_depth_leaves_the_shallower_depths_out_of_every_choice(lowest:
     """``step_min_depth`` 1 (an arm of the benchmark): where depth 0 is the best rate (62 of 64
     held) the window runs depth 1, a first try never draws depth 0, and a re-run of a passed-over
     depth never picks it."""
-    ctrl = DepthController(K, ControllerSettings(step_depth=True, explore_share=0.0, step_min_depth=lowest, seed=3))
+    # Depth 0 priced at its own time below (``step_one_pass`` off).
+    settings = ControllerSettings(
+        step_depth=True, explore_share=0.0, step_min_depth=lowest, step_one_pass=False, seed=3
+    )
+    ctrl = DepthController(K, settings)
     for depth, ms in enumerate([13.0, 15.0, 20.0, 21.0]):
         ctrl.step_chooser.observe(bucket_of(64), depth, ms / 1e3)
     answers_accepted(ctrl, 0.7)
