@@ -133,6 +133,24 @@ async def test_acceptance_by_position_is_reported_for_reasoning_and_answer(
         assert by_pos[0] is not None and 0.05 < by_pos[0] < 0.98, f"{name}: neither always missing nor exact"
 
 
+def sort_raises(
+    final: dict[str, Any],
+    lag: int,
+    raised: list[tuple[int, int, int, int]],
+    after_holds: list[tuple[int, int, int, int]],
+) -> None:
+    """Each rise of a request's chosen depth as (step, before, depth, drafts verified ``lag`` steps
+    later), into ``raised``, or ``after_holds`` where the request had no step of its own just before."""
+    drafted = {step: n for step, n, _, _ in final["trace"]}
+    for (_, before, *_), (step, depth, *_) in itertools.pairwise(final["decisions"]):
+        if depth > before and step + lag in drafted:
+            # No step of its own just before (held at the thinking budget: not adaptive, nothing
+            # verified, not traced): the first step after a hold verifies what vLLM drafted for
+            # the held step, not what the look-ahead asked for; left out.
+            after_hold = step + lag - 1 not in drafted
+            (after_holds if after_hold else raised).append((step, before, depth, drafted[step + lag]))
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lossless(engine: PhasespecLLM) -> None:
     path = await engine.spec_hook_path()
@@ -178,17 +196,8 @@ async def test_adaptive_takes_one_depth_per_step_from_timed_windows_and_stays_lo
                 )
                 assert adaptive.token_ids == reference.token_ids, f"prompt {i}"
                 outputs += len(adaptive.token_ids)
-                final = adaptive.spec.final
-                assert final is not None
-                drafted = {step: n for step, n, _, _ in final["trace"]}
-                decisions = final["decisions"]
-                for (_, before, *_), (step, depth, *_) in itertools.pairwise(decisions):
-                    if depth > before and step + lag in drafted:
-                        # No step of its own just before (held at the thinking budget: not adaptive, nothing
-                        # verified, not traced): the first step after a hold verifies what vLLM drafted for
-                        # the held step, not what the look-ahead asked for; left out.
-                        after_hold = step + lag - 1 not in drafted
-                        (after_holds if after_hold else raised).append((step, before, depth, drafted[step + lag]))
+                assert adaptive.spec.final is not None
+                sort_raises(adaptive.spec.final, lag, raised, after_holds)
             if raised:
                 break
     finally:
